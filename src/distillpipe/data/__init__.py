@@ -1,0 +1,1 @@
+"""Datasets: sources (embedded, local files, hub), task formats and teacher tokenization."""

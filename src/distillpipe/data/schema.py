@@ -1,0 +1,52 @@
+"""The on-disk contracts between stages: what ``prepare`` writes and what ``tokenize`` writes.
+
+Both are ``datasets.DatasetDict.save_to_disk`` folders plus a ``meta.json`` beside the splits.
+
+Prepared (``data/prepared/<name>/``), one of four task types:
+  corpus          doc_id: str, text: str              one row per paragraph/document; consecutive
+                                                      rows with one doc_id form one document
+  classification  id: str, text_a: str, [text_b: str], label: int64 (-1 = unlabeled)
+  regression      id: str, text_a: str, text_b: str, label: float32 (STS-B 0..5)
+  qa              id, title, context, question: str,
+                  answers: {text: list[str], answer_start: list[int32]}  (empty lists = unanswerable)
+  splits: train, dev, test (corpus: train, dev; MNLI: dev_matched, dev_mismatched, ...)
+  meta.json: name, task_type, num_labels, label_names, text_fields, source (the params), summary
+
+Tokens (``data/tokens/<name>/``): unpadded rows, ids as int32; attention mask is implicit
+(ones over ``length``), so batches pad at collate time and bucket by ``length``.
+  all             input_ids, token_type_ids (list[int8]), length (int32)
+  classification  + example_id, label, a_input_ids, b_input_ids (separate [CLS] x [SEP]
+                  encodings for DiffCat; b_input_ids empty for single-sentence tasks)
+  qa              + example_id, offset_mapping (list of [start, end] char offsets into the
+                  context; [-1, -1] for question/special tokens), start_positions,
+                  end_positions (0 = [CLS] when unanswerable or not in this window), has_answer
+  mlm             + block_id (int64), view (int32), masked_positions (list[int32]),
+                  masked_labels (list[int32], the original ids at those positions)
+  meta.json: name, task_type, kind, fingerprint, tokenizer {spec, sha256, vocab_size, pad_id,
+             cls_id, sep_id, mask_id}, max_seq_len, params, summary
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TASK_TYPES = ("corpus", "classification", "regression", "qa")
+META_FILE = "meta.json"
+CONTEXT_OFFSET_NONE = (-1, -1)
+
+
+def write_meta(folder: str | Path, meta: dict[str, Any]) -> None:
+    path = Path(folder) / META_FILE
+    path.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: {folder} is not the output of a distillpipe stage "
+            "(run the stage that writes it first, e.g. `dvc repro prepare`)"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
