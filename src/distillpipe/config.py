@@ -6,7 +6,7 @@ key path and the file named when a key is unknown, missing or of the wrong type.
 
 Supported field types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``dict[str, X]``, nested dataclasses, and unions of dataclasses told apart by
-their ``Literal`` fields (a tagged union, e.g. ``source: embedded | local | hub``).
+their ``Literal`` tag fields (``source``, ``asset``, ``format``, ``kind``), a tagged union.
 """
 
 from __future__ import annotations
@@ -315,9 +315,13 @@ def build(tp: Any, value: Any, key: str, path: str | Path = "params.yaml") -> An
     raise TypeError(f"unsupported config type {tp}")
 
 
+# Keys that tell the variants of a tagged union apart; other Literal fields are ordinary choices.
+TAG_KEYS = ("source", "asset", "format", "kind")
+
+
 def _literal_fields(cls: type) -> dict[str, tuple]:
     hints = typing.get_type_hints(cls)
-    return {k: typing.get_args(t) for k, t in hints.items() if typing.get_origin(t) is Literal}
+    return {k: typing.get_args(t) for k, t in hints.items() if k in TAG_KEYS and typing.get_origin(t) is Literal}
 
 
 def _pick_variant(variants: tuple, value: Any, key: str, path: str | Path) -> type:

@@ -1,0 +1,37 @@
+# Two commands: `make repro` runs the pipeline, `make test` runs the tests. Both set up .venv first
+# (idempotent: the install is skipped while .venv/.installed is newer than pyproject.toml).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# No telemetry, ever; the embedded default needs no hub, so fail fast instead of waiting on one.
+export HF_HUB_DISABLE_TELEMETRY := 1
+export DO_NOT_TRACK := 1
+export TOKENIZERS_PARALLELISM := false
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup repro test test-all bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build here.
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+repro: setup
+	$(VENV)/bin/dvc repro
+
+test: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest
+
+test-all: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest -m ""
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

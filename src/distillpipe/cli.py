@@ -1,0 +1,103 @@
+"""The ``distillpipe`` command: every pipeline stage as a subcommand, plus inspection tools.
+
+Each stage command loads its ``params.yaml`` section, calls one library function and prints a
+one-line summary. This is the only place that turns exceptions into exit codes: errors a user
+can fix (bad params, bad input files, a stale cache) print a message and exit 2; set
+``DISTILLPIPE_DEBUG=1`` to see the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Callable
+
+import typer
+
+from distillpipe.assets import AssetError
+from distillpipe.config import ConfigError, load_section
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
+log = logging.getLogger("distillpipe")
+
+# Errors whose message is the whole story for a user; anything else is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, AssetError, FileNotFoundError)
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read the stage's section from")]
+DatasetOpt = Annotated[str, typer.Option("--dataset", help="dataset name (a key of the stage's `datasets`)")]
+
+
+def _setup_logging() -> None:
+    level = os.environ.get("DISTILLPIPE_LOG", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock", "fsspec"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Run a command; print user-fixable errors as one clear message and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _setup_logging()
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS + _extra_user_errors() as e:
+            if os.environ.get("DISTILLPIPE_DEBUG"):
+                raise
+            typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _extra_user_errors() -> tuple[type[BaseException], ...]:
+    """User-facing error classes of the heavier modules, imported only when a command runs."""
+    from distillpipe.data.prepare import PrepareError
+    from distillpipe.data.tokenize import TokenizeError
+
+    return (PrepareError, TokenizeError)
+
+
+def _dataset_cfg(section, name: str, params: Path, section_name: str):
+    if name not in section.datasets:
+        raise ConfigError(f"{params}: {section_name}.datasets has no dataset {name!r}; known: {sorted(section.datasets)}")
+    return section.datasets[name]
+
+
+@app.command()
+@user_errors
+def prepare(dataset: DatasetOpt, out: Annotated[Path, typer.Option(help="output folder")],
+            params: ParamsOpt = Path("params.yaml")) -> None:
+    """Read a dataset from its source (embedded, local files, hub) into data/prepared/<dataset>/."""
+    from distillpipe.data.prepare import prepare_dataset
+
+    cfg = _dataset_cfg(load_section("prepare", params), dataset, params, "prepare")
+    summary = prepare_dataset(dataset, cfg, out)
+    typer.echo(summary.one_line())
+
+
+@app.command()
+@user_errors
+def tokenize(dataset: DatasetOpt,
+             prepared: Annotated[Path, typer.Option(help="prepared dataset folder")],
+             out: Annotated[Path, typer.Option(help="output folder")],
+             params: ParamsOpt = Path("params.yaml")) -> None:
+    """Tokenize a prepared dataset with the teacher's tokenizer into data/tokens/<dataset>/."""
+    from distillpipe.data.tokenize import tokenize_dataset
+
+    cfg = load_section("tokenize", params)
+    _dataset_cfg(cfg, dataset, params, "tokenize")
+    summary = tokenize_dataset(dataset, prepared, cfg, out)
+    typer.echo(summary.one_line())
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app(prog_name="distillpipe")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
