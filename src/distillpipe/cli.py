@@ -58,8 +58,9 @@ def _extra_user_errors() -> tuple[type[BaseException], ...]:
     """User-facing error classes of the heavier modules, imported only when a command runs."""
     from distillpipe.data.prepare import PrepareError
     from distillpipe.data.tokenize import TokenizeError
+    from distillpipe.teacher.finetune import FinetuneError
 
-    return (PrepareError, TokenizeError)
+    return (PrepareError, TokenizeError, FinetuneError)
 
 
 def _dataset_cfg(section, name: str, params: Path, section_name: str):
@@ -92,6 +93,41 @@ def tokenize(dataset: DatasetOpt,
     cfg = load_section("tokenize", params)
     _dataset_cfg(cfg, dataset, params, "tokenize")
     summary = tokenize_dataset(dataset, prepared, cfg, out)
+    typer.echo(summary.one_line())
+
+
+@app.command("teacher-import")
+@user_errors
+def teacher_import(name: Annotated[str, typer.Option(help="a key of teacher_import.models")],
+                   out: Annotated[Path, typer.Option(help="output folder (models/teacher/<name>)")],
+                   params: ParamsOpt = Path("params.yaml")) -> None:
+    """Save a teacher (embedded, local or hub) into a DVC-tracked model folder."""
+    from distillpipe.teacher.finetune import import_teacher
+
+    cfg = load_section("teacher_import", params)
+    if name not in cfg.models:
+        raise ConfigError(f"{params}: teacher_import.models has no {name!r}; known: {sorted(cfg.models)}")
+    typer.echo(import_teacher(cfg.models[name], out))
+
+
+@app.command("teacher-finetune")
+@user_errors
+def teacher_finetune(task: Annotated[str, typer.Option(help="a key of teacher_finetune.tasks")],
+                     base: Annotated[Path, typer.Option(help="base teacher folder")],
+                     tokens: Annotated[Path, typer.Option(help="tokenized task folder")],
+                     prepared: Annotated[Path, typer.Option(help="prepared task folder (QA contexts for dev EM/F1)")],
+                     out: Annotated[Path, typer.Option(help="output model folder")],
+                     checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+                     metrics: Annotated[Path, typer.Option(help="dev metrics JSON to write")],
+                     params: ParamsOpt = Path("params.yaml")) -> None:
+    """Fine-tune the teacher on a task; resumes from its checkpoints; writes the model and dev metrics."""
+    from distillpipe.teacher.finetune import finetune_teacher
+
+    cfg = load_section("teacher_finetune", params)
+    if task not in cfg.tasks:
+        raise ConfigError(f"{params}: teacher_finetune.tasks has no {task!r}; known: {sorted(cfg.tasks)}")
+    summary = finetune_teacher(task, base, tokens, prepared, cfg.tasks[task], cfg.device, out, checkpoints,
+                               metrics)
     typer.echo(summary.one_line())
 
 

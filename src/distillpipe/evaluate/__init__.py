@@ -1,0 +1,1 @@
+"""Evaluation: task metrics, QA post-processing, speed harness, report."""

@@ -1,0 +1,141 @@
+"""SQuAD v2 evaluation: span post-processing over windows and the official EM/F1.
+
+The metric follows the official ``evaluate-v2.0.py`` exactly: answers are normalised (lowercase,
+punctuation and articles removed, whitespace collapsed); an unanswerable question's gold is the
+empty string; a question's score is the max over its gold answers; the no-answer threshold is
+applied to a per-question "no-answer score" and can be tuned on dev (``best_thresh``).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """Lowercase, remove punctuation, articles and extra whitespace (official script)."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(gold: str, pred: str) -> int:
+    return int(normalize_answer(gold) == normalize_answer(pred))
+
+
+def f1_score(gold: str, pred: str) -> float:
+    gold_toks = normalize_answer(gold).split()
+    pred_toks = normalize_answer(pred).split()
+    if not gold_toks or not pred_toks:
+        # No-answer questions: F1 is 1 if both are empty, else 0.
+        return float(gold_toks == pred_toks)
+    common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_toks), same / len(gold_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def gold_answers(answer_texts: Iterable[str]) -> list[str]:
+    golds = [a for a in answer_texts if normalize_answer(a)]
+    return golds or [""]
+
+
+@dataclass(frozen=True)
+class SpanPrediction:
+    text: str
+    """Best non-null span text ('' when no valid span exists)."""
+    null_margin: float
+    """null score - best span score: the no-answer score; answer '' when it exceeds the threshold."""
+
+
+def best_spans(examples: Sequence[Mapping], windows: Sequence[Mapping], start_logits: Sequence[np.ndarray],
+               end_logits: Sequence[np.ndarray], n_best: int = 20, max_answer_len: int = 30) -> dict[str, SpanPrediction]:
+    """Best span per example over all its windows.
+
+    ``examples``: rows with ``id`` and ``context``. ``windows``: token rows with ``example_id`` and
+    ``offset_mapping`` ([-1, -1] outside the context). Candidate spans start <= end, lie within the
+    context and span at most ``max_answer_len`` tokens; score = start + end logit. The null score
+    of an example is the minimum over its windows of start[0] + end[0] (the [CLS] logits).
+    """
+    by_example: dict[str, list[int]] = collections.defaultdict(list)
+    for w, win in enumerate(windows):
+        by_example[win["example_id"]].append(w)
+    out = {}
+    for ex in examples:
+        best_score, best_text, null = -np.inf, "", np.inf
+        for w in by_example.get(ex["id"], []):
+            s, e = np.asarray(start_logits[w], np.float64), np.asarray(end_logits[w], np.float64)
+            offsets = np.asarray(windows[w]["offset_mapping"]).reshape(-1, 2)
+            n = min(len(offsets), len(s))
+            s, e, offsets = s[:n], e[:n], offsets[:n]
+            null = min(null, s[0] + e[0])
+            in_ctx = offsets[:, 0] >= 0
+            top_s = [i for i in np.argsort(-s)[:n_best] if in_ctx[i]]
+            top_e = [j for j in np.argsort(-e)[:n_best] if in_ctx[j]]
+            for i in top_s:
+                for j in top_e:
+                    if j < i or j - i + 1 > max_answer_len:
+                        continue
+                    score = s[i] + e[j]
+                    if score > best_score:
+                        best_score = score
+                        best_text = ex["context"][offsets[i, 0]:offsets[j, 1]]
+        if not np.isfinite(null):
+            null = 0.0  # no window at all (should not happen): count as no answer
+        margin = null - best_score if np.isfinite(best_score) else np.inf
+        out[ex["id"]] = SpanPrediction(best_text, float(margin))
+    return out
+
+
+def squad_v2_scores(examples: Sequence[Mapping], preds: Mapping[str, SpanPrediction],
+                    threshold: float | None = None) -> dict[str, float]:
+    """Official EM/F1 (in %), HasAns/NoAns breakdown, and the dev-tuned no-answer threshold.
+
+    ``threshold=None`` tunes it on ``examples`` (the official ``best_exact_thresh`` /
+    ``best_f1_thresh`` sweep); scores are then reported at the F1-best threshold.
+    """
+    golds = {ex["id"]: gold_answers(ex["answers"]["text"]) for ex in examples}
+    has_ans = {qid: g != [""] for qid, g in golds.items()}
+    raw_em = {qid: max(exact_match(g, preds[qid].text) for g in gs) for qid, gs in golds.items()}
+    raw_f1 = {qid: max(f1_score(g, preds[qid].text) for g in gs) for qid, gs in golds.items()}
+    margins = {qid: preds[qid].null_margin for qid in golds}
+    if threshold is None:
+        threshold = _best_threshold(raw_f1, margins, has_ans)
+    em = {q: (float(not has_ans[q]) if margins[q] > threshold else raw_em[q]) for q in golds}
+    f1 = {q: (float(not has_ans[q]) if margins[q] > threshold else raw_f1[q]) for q in golds}
+    n = max(len(golds), 1)
+    has = [q for q in golds if has_ans[q]]
+    no = [q for q in golds if not has_ans[q]]
+    res = {"exact": 100 * sum(em.values()) / n, "f1": 100 * sum(f1.values()) / n, "total": len(golds),
+           "threshold": float(threshold)}
+    if has:
+        res |= {"HasAns_exact": 100 * np.mean([em[q] for q in has]), "HasAns_f1": 100 * np.mean([f1[q] for q in has]),
+                "HasAns_total": len(has)}
+    if no:
+        res |= {"NoAns_exact": 100 * np.mean([em[q] for q in no]), "NoAns_f1": 100 * np.mean([f1[q] for q in no]),
+                "NoAns_total": len(no)}
+    return {k: float(v) for k, v in res.items()}
+
+
+def _best_threshold(scores: Mapping[str, float], margins: Mapping[str, float], has_ans: Mapping[str, bool]) -> float:
+    """The official find_best_thresh: sweep thresholds over the sorted no-answer scores."""
+    num_no_ans = sum(not v for v in has_ans.values())
+    cur = best = float(num_no_ans)  # threshold below every margin: everything predicted as no-answer
+    best_thresh = min(margins.values(), default=0.0) - 1.0
+    for qid in sorted(margins, key=lambda q: margins[q]):
+        # Answering instead of abstaining: gain the raw score, lose the 1 a no-answer question had.
+        cur += scores[qid] - (0.0 if has_ans[qid] else 1.0)
+        if cur > best:
+            best, best_thresh = cur, margins[qid]
+    return float(best_thresh) if np.isfinite(best_thresh) else 0.0

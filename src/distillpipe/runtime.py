@@ -1,0 +1,49 @@
+"""Device selection, mixed precision and RNG state: the CPU/CUDA differences live here only."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` fails clearly when there is none."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {spec!r} requested but torch sees no CUDA device; use device: auto or cpu")
+    return torch.device(spec)
+
+
+def autocast(device: torch.device, enabled: bool = True):
+    """bf16 autocast on CUDA (fast, fp32 range); fp32 on CPU (CPU bf16 autocast is slow and lossy)."""
+    if enabled and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

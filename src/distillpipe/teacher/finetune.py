@@ -1,0 +1,260 @@
+"""Teacher import and fine-tuning (the ``teacher_import`` and ``teacher_finetune`` stages).
+
+``import_teacher`` saves a teacher (embedded, local or hub) into a DVC-tracked folder, so every
+machine of a team distils from byte-identical weights. ``finetune_teacher`` fine-tunes it on a
+tokenized task: classification, regression cast to classification by bins (CMOW paper, after
+Raffel et al.: STS-B in 0.2 bins) and extractive QA (start/end). It resumes from its own
+checkpoints (model, optimizer, scheduler, RNG, position in the epoch) and writes the model in
+``save_pretrained`` layout with its dev metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from distillpipe.assets import TOKENIZER_FILES, json_sha256, resolve_model, tokenizer_sha256, weights_sha256
+from distillpipe.config import TeacherFinetuneTaskConfig
+from distillpipe.data.batching import collate_tokens, length_batches
+from distillpipe.data.schema import read_meta
+from distillpipe.runtime import autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.json"
+
+
+class FinetuneError(ValueError):
+    """The task data does not fit the fine-tuning configuration."""
+
+
+def import_teacher(spec: str, out_dir: str | Path) -> str:
+    """Copy the model files of ``spec`` into ``out_dir``; return a one-line summary."""
+    src = resolve_model(spec)
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("__pycache__", ".gitattributes", "*.md"))
+    (tmp / "distillpipe_source.json").write_text(json.dumps({"spec": spec}) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
+    return f"teacher_import: {spec} -> {out_dir} ({size / 2**20:.1f} MiB, weights sha256 {weights_sha256(out_dir)[:12]})"
+
+
+@dataclass
+class FinetuneSummary:
+    task: str
+    train_rows: int
+    steps: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def one_line(self) -> str:
+        m = ", ".join(f"{k} {v:.3f}" for k, v in self.metrics.items() if k in _HEADLINE)
+        return (f"teacher_finetune {self.task}: {self.train_rows:,} train rows, {self.steps} steps, "
+                f"{self.seconds:.1f} s; dev {m}")
+
+
+_HEADLINE = ("accuracy", "f1", "matthews", "pearson", "spearman", "exact", "loss")
+
+
+def _build_model(base_dir: Path, task_type: str, num_labels: int, label_names: list[str] | None):
+    from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
+
+    if task_type == "qa":
+        return AutoModelForQuestionAnswering.from_pretrained(base_dir)
+    kwargs = {}
+    if label_names:
+        kwargs = {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
+    return AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=num_labels, **kwargs)
+
+
+def _labels(task_type: str, rows: dict[str, list], bin_width: float | None) -> dict[str, torch.Tensor]:
+    if task_type == "qa":
+        return {"start_positions": torch.tensor(rows["start_positions"]), "end_positions": torch.tensor(rows["end_positions"])}
+    if task_type == "regression":
+        return {"labels": torch.round(torch.tensor(rows["label"], dtype=torch.float64) / bin_width).long()}
+    return {"labels": torch.tensor(rows["label"], dtype=torch.long)}
+
+
+def _check_task(task: str, meta: dict, cfg: TeacherFinetuneTaskConfig) -> tuple[str, int, list[str] | None]:
+    task_type = meta["task_type"]
+    if task_type == "corpus":
+        raise FinetuneError(f"teacher_finetune.tasks.{task}: {task} is an MLM corpus, not a task; remove it from teacher_finetune")
+    if (task_type == "regression") != (cfg.regression_bin_width is not None):
+        raise FinetuneError(f"teacher_finetune.tasks.{task}.regression_bin_width must be set for regression tasks "
+                            f"and null otherwise ({task} is {task_type})")
+    label_names = meta.get("label_names")
+    num_labels = len(label_names) if label_names else int(meta.get("num_labels") or 0)
+    return task_type, num_labels, label_names
+
+
+def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, prepared_dir: str | Path,
+                     cfg: TeacherFinetuneTaskConfig, device: str, out_dir: str | Path,
+                     ckpt_dir: str | Path, metrics_path: str | Path) -> FinetuneSummary:
+    from datasets import load_from_disk
+    from transformers import get_linear_schedule_with_warmup
+
+    t0 = time.time()
+    base_dir, tokens_dir, out_dir, ckpt_dir = map(Path, (base_dir, tokens_dir, out_dir, ckpt_dir))
+    meta = read_meta(tokens_dir)
+    task_type, num_labels, label_names = _check_task(task, meta, cfg)
+    if tokenizer_sha256(base_dir) != meta["tokenizer"]["sha256"]:
+        raise FinetuneError(f"{tokens_dir} was tokenized with another tokenizer than the teacher in {base_dir}; "
+                            "set tokenize.tokenizer to the teacher and re-run tokenize")
+    data = load_from_disk(str(tokens_dir))
+    for split in ("train", "dev"):
+        if split not in data:
+            raise FinetuneError(f"{tokens_dir} has no {split!r} split (splits: {list(data)})")
+    train = data["train"]
+    if cfg.max_train_rows is not None and len(train) > cfg.max_train_rows:
+        train = train.shuffle(seed=cfg.seed).select(range(cfg.max_train_rows))
+    if task_type == "regression":
+        num_labels = int(round(max(train["label"]) / cfg.regression_bin_width)) + 1
+    dev_device = resolve_device(device)
+
+    seed_everything(cfg.seed)
+    model = _build_model(base_dir, task_type, num_labels, label_names).to(dev_device)
+    model.config.distillpipe = {"task": task, "task_type": task_type, "regression_bin_width": cfg.regression_bin_width}
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    lengths = np.asarray(train["length"])
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_fraction * total), total)
+
+    # Resume only a run of the same task, data and params; anything else starts over, saying so.
+    run_id = json_sha256({"cfg": dataclasses.asdict(cfg), "tokens": meta["fingerprint"],
+                          "base": weights_sha256(base_dir), "task": task})
+    epoch, step_in_epoch, step = 0, 0, 0
+    state = load_latest(ckpt_dir)
+    if state is not None and state.get("run_id") != run_id:
+        log.warning("checkpoint in %s is from other params or data: starting over", ckpt_dir)
+        clear_checkpoints(ckpt_dir)
+        state = None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        epoch, step_in_epoch, step = state["epoch"], state["step_in_epoch"], state["step"]
+        log.info("resuming %s at epoch %d, step %d/%d", task, epoch, step, total)
+
+    def checkpoint():
+        save_checkpoint(ckpt_dir, step, {
+            "run_id": run_id, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "rng": rng_state(), "epoch": epoch,
+            "step_in_epoch": step_in_epoch, "step": step})
+
+    pad_id = meta["tokenizer"]["pad_id"]
+    columns = ["input_ids", "token_type_ids"] + (["start_positions", "end_positions"] if task_type == "qa" else ["label"])
+    bar = tqdm(total=total, initial=step, desc=f"fine-tune {task}", unit="step")
+    model.train()
+    while epoch < cfg.epochs:
+        batches = length_batches(lengths, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
+        for idx in batches[step_in_epoch:]:
+            rows = train.select_columns(columns)[idx.tolist()]
+            inputs = {k: v.to(dev_device) for k, v in collate_tokens(rows, pad_id).items()}
+            labels = {k: v.to(dev_device) for k, v in _labels(task_type, rows, cfg.regression_bin_width).items()}
+            with autocast(dev_device):
+                loss = model(**inputs, **labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            step_in_epoch += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if step % cfg.checkpoint_every == 0:
+                checkpoint()
+        epoch, step_in_epoch = epoch + 1, 0
+        checkpoint()
+    bar.close()
+
+    metrics = evaluate_teacher(model, data["dev"], task_type, pad_id, dev_device, cfg.batch_size,
+                               cfg.regression_bin_width, prepared_dir)
+    report = {"task": task, "train_rows": len(train), "steps": step, **metrics}
+    _save(model, base_dir, out_dir, report)
+    metrics_path = Path(metrics_path)
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return FinetuneSummary(task, len(train), step, time.time() - t0, metrics)
+
+
+@torch.inference_mode()
+def predict(model, rows, pad_id: int, device: torch.device, batch_size: int) -> tuple[np.ndarray, ...]:
+    """Run ``model`` over token rows (length-bucketed), returning outputs in row order."""
+    was_training = model.training
+    model.eval()
+    order = length_batches(np.asarray(rows["length"]), batch_size)
+    outs: list[list[np.ndarray]] = []
+    cols = rows.select_columns(["input_ids", "token_type_ids"])
+    for idx in order:
+        inputs = {k: v.to(device) for k, v in collate_tokens(cols[idx.tolist()], pad_id).items()}
+        with autocast(device):
+            out = model(**inputs)
+        parts = [out.start_logits, out.end_logits] if hasattr(out, "start_logits") else [out.logits]
+        for i, t in enumerate(parts):
+            t = t.float().cpu().numpy()  # (B, C) or (B, T)
+            if len(outs) <= i:
+                outs.append([None] * len(rows))
+            for j, r in enumerate(idx):
+                outs[i][r] = t[j]
+    model.train(was_training)
+    return tuple(outs)
+
+
+def evaluate_teacher(model, dev, task_type: str, pad_id: int, device: torch.device, batch_size: int,
+                     bin_width: float | None, prepared_dir: str | Path) -> dict[str, float]:
+    from distillpipe.evaluate.metrics import classification_metrics, regression_metrics
+
+    outs = predict(model, dev, pad_id, device, batch_size)
+    if task_type == "qa":
+        from datasets import load_from_disk
+
+        from distillpipe.evaluate.squad import best_spans, squad_v2_scores
+
+        examples = load_from_disk(str(prepared_dir))["dev"]
+        lengths = dev["length"]
+        starts = [s[:n] for s, n in zip(outs[0], lengths)]
+        ends = [e[:n] for e, n in zip(outs[1], lengths)]
+        windows = dev.select_columns(["example_id", "offset_mapping"])
+        preds = best_spans(examples, windows, starts, ends)
+        return squad_v2_scores(examples, preds)
+    logits = np.stack(outs[0])
+    labels = np.asarray(dev["label"])
+    if task_type == "regression":
+        return regression_metrics(labels, logits.argmax(-1) * bin_width)
+    keep = labels >= 0  # unlabeled rows (label -1) are not scored
+    return classification_metrics(labels[keep], logits.argmax(-1)[keep])
+
+
+def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any]) -> None:
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    # Copy the tokenizer files verbatim (not re-saved): their sha256 must stay the one tokenize recorded.
+    for name in TOKENIZER_FILES:
+        if (base_dir / name).is_file():
+            shutil.copy2(base_dir / name, tmp / name)
+    (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)

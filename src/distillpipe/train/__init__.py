@@ -1,0 +1,1 @@
+"""Training: the student-agnostic loop, schedules and checkpoints."""

@@ -1,0 +1,84 @@
+"""Tiny BERT teachers and token datasets built in-process, for hermetic tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+WORDS = [f"w{i}" for i in range(60)]
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0) -> Path:
+    """Save a random tiny BertModel + fast WordPiece tokenizer in save_pretrained layout."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = path / "vocab.txt"
+    vocab.write_text("\n".join(SPECIAL + WORDS) + "\n")
+    BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(path)
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=64)
+    BertModel(cfg).save_pretrained(path)
+    return path
+
+
+def tokenizer_meta(model_dir: Path) -> dict:
+    from distillpipe.assets import tokenizer_sha256
+
+    return {"spec": str(model_dir), "sha256": tokenizer_sha256(model_dir), "vocab_size": len(SPECIAL) + len(WORDS),
+            "pad_id": 0, "cls_id": 2, "sep_id": 3, "mask_id": 4}
+
+
+def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n_dev: int = 32, seed: int = 0) -> Path:
+    """A learnable binary task: label 1 iff token id 7 occurs in the sentence."""
+    from datasets import Dataset, DatasetDict
+
+    from distillpipe.data.schema import write_meta
+
+    rng = np.random.default_rng(seed)
+
+    def split(n):
+        rows = {"input_ids": [], "token_type_ids": [], "length": [], "label": [], "example_id": []}
+        for i in range(n):
+            k = int(rng.integers(4, 14))
+            body = rng.integers(8, 60, size=k).tolist()
+            label = int(i % 2)
+            if label:
+                body[int(rng.integers(0, k))] = 7
+            ids = [2] + body + [3]
+            rows["input_ids"].append(ids)
+            rows["token_type_ids"].append([0] * len(ids))
+            rows["length"].append(len(ids))
+            rows["label"].append(label)
+            rows["example_id"].append(f"ex{i}")
+        return Dataset.from_dict(rows)
+
+    DatasetDict({"train": split(n_train), "dev": split(n_dev)}).save_to_disk(str(path))
+    write_meta(path, {"name": "toy", "task_type": "classification", "kind": "classification",
+                      "label_names": ["no", "yes"], "num_labels": 2, "fingerprint": "toy-" + str(seed),
+                      "tokenizer": tokenizer_meta(model_dir), "max_seq_len": 32, "params": {}, "summary": {}})
+    return path
+
+
+def finetune_params(**over) -> dict:
+    cfg = {"epochs": 3, "batch_size": 8, "lr": 2e-3, "weight_decay": 0.0, "warmup_fraction": 0.0,
+           "max_grad_norm": 1.0, "max_train_rows": None, "regression_bin_width": None,
+           "checkpoint_every": 4, "seed": 0}
+    cfg.update(over)
+    return cfg
+
+
+def write_params(path: Path, sections: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2)

@@ -1,0 +1,84 @@
+"""Teacher fine-tuning: it learns, it saves HF layout + metrics, and a killed run resumes exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from _tiny import finetune_params, make_classification_tokens, make_tiny_bert_dir, write_params
+from distillpipe.assets import tokenizer_sha256
+from distillpipe.config import TeacherFinetuneTaskConfig, build
+from distillpipe.teacher.finetune import FinetuneError, finetune_teacher
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy")
+    base = make_tiny_bert_dir(root / "base")
+    tokens = make_classification_tokens(root / "tokens", base, n_train=256, n_dev=64)
+    return base, tokens
+
+
+def test_finetune_learns_and_saves(toy, tmp_path):
+    base, tokens = toy
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=3), "teacher_finetune.tasks.toy")
+    s = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
+                         tmp_path / "metrics.json")
+    assert s.steps == 3 * 256 // 8
+    assert s.metrics["accuracy"] > 0.9, s.metrics  # 'contains token 7' is easy
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.num_labels == 2 and model.config.id2label[1] == "yes"
+    assert tokenizer_sha256(tmp_path / "out") == tokenizer_sha256(base)  # tokens stay valid for this teacher
+    assert json.loads((tmp_path / "metrics.json").read_text())["accuracy"] == s.metrics["accuracy"]
+
+
+def test_wrong_task_config_is_refused(toy, tmp_path):
+    base, tokens = toy
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(regression_bin_width=0.2), "t")
+    with pytest.raises(FinetuneError, match="regression_bin_width must be set for regression tasks and null otherwise"):
+        finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "o", tmp_path / "c", tmp_path / "m.json")
+
+
+def _cli(params, base, tokens, out, ckpt):
+    return [sys.executable, "-m", "distillpipe.cli", "teacher-finetune", "--task", "toy", "--base", str(base),
+            "--tokens", str(tokens), "--prepared", str(tokens), "--out", str(out), "--checkpoints", str(ckpt),
+            "--metrics", str(out) + ".json", "--params", str(params)]
+
+
+def test_killed_run_resumes_to_identical_weights(toy, tmp_path):
+    base, tokens = toy
+    params = write_params(tmp_path / "params.yaml", {"teacher_finetune": {
+        "device": "cpu", "tasks": {"toy": finetune_params(epochs=6, checkpoint_every=5)}}})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = subprocess.run(_cli(params, base, tokens, tmp_path / "ref", tmp_path / "ref_ckpt"), env=env,
+                         capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr
+
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(_cli(params, base, tokens, tmp_path / "out", ckpt), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(ckpt.glob("step-*.pt")) and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "out").exists(), "the run finished before it could be killed; make it longer"
+    assert any(ckpt.glob("step-*.pt"))
+
+    res = subprocess.run(_cli(params, base, tokens, tmp_path / "out", ckpt), env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "resuming toy at epoch" in res.stderr
+    a = load_file(tmp_path / "ref" / "model.safetensors")
+    b = load_file(tmp_path / "out" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
