@@ -4,8 +4,12 @@ dvc.yaml is the one place that names paths; this script only forwards its argume
 """
 
 import sys
+from pathlib import Path
 
-from distillpipe.cli import app
+# Drop this folder from the import path: stages/tokenize.py would shadow the stdlib `tokenize`.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from distillpipe.cli import app  # noqa: E402
 
 if __name__ == "__main__":
     app(["prepare", *sys.argv[1:]], prog_name="stages/prepare.py")

@@ -1,0 +1,50 @@
+"""Where prepared datasets come from: embedded assets (gensim's test data), local files (GLUE
+TSV, SQuAD JSON, text/JSONL corpora) and the Hugging Face hub. Each builder turns one
+``prepare.datasets.<name>`` config into a :class:`Prepared` (splits in the schema of
+``distillpipe.data.schema`` plus what ``meta.json`` says about them)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from distillpipe.config import (
+    EmbeddedPolarityConfig,
+    EmbeddedWikiConfig,
+    EmbeddedWikiPairsConfig,
+    EmbeddedWikiQAConfig,
+    HubConfig,
+    LocalGlueConfig,
+    LocalSquadConfig,
+    LocalTextConfig,
+    PrepareDatasetConfig,
+)
+from distillpipe.data.sources.base import PrepareError, Prepared, Skips
+from distillpipe.data.sources.embedded import build_polarity
+from distillpipe.data.sources.glue import build_glue
+from distillpipe.data.sources.hub import build_hub
+from distillpipe.data.sources.squad import build_squad
+from distillpipe.data.sources.text import build_text
+from distillpipe.data.sources.wiki import build_wiki, build_wiki_pairs
+from distillpipe.data.sources.wiki_qa import build_wiki_qa
+
+BUILDERS: dict[type, Callable[[str, PrepareDatasetConfig], Prepared]] = {
+    EmbeddedWikiConfig: build_wiki,
+    EmbeddedPolarityConfig: build_polarity,
+    EmbeddedWikiPairsConfig: build_wiki_pairs,
+    EmbeddedWikiQAConfig: build_wiki_qa,
+    LocalGlueConfig: build_glue,
+    LocalSquadConfig: build_squad,
+    LocalTextConfig: build_text,
+    HubConfig: build_hub,
+}
+
+
+def build_source(name: str, cfg: PrepareDatasetConfig) -> Prepared:
+    """Build the splits of dataset ``name`` from its config (dispatch on the config type)."""
+    builder = BUILDERS.get(type(cfg))
+    if builder is None:
+        raise TypeError(f"no source builder for {type(cfg).__name__}")  # programming error
+    return builder(name, cfg)
+
+
+__all__ = ["BUILDERS", "PrepareError", "Prepared", "Skips", "build_source"]

@@ -1,0 +1,164 @@
+"""GLUE tasks from their original TSV files (tab-separated, ``csv.QUOTE_NONE``: a ``"`` is text).
+
+Columns are looked up by header name where the file has a header. CoLA train/dev have none
+(``source, label, original-label, sentence``); every test file has a header and no label
+column, so its rows get label -1. Label ids follow the Hugging Face ``nyu-mll/glue`` order, so
+local and hub copies of a task agree.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from distillpipe.config import LocalGlueConfig
+from distillpipe.data.sources.base import (
+    UNLABELED,
+    PrepareError,
+    Prepared,
+    Skips,
+    input_path,
+    numbered_lines,
+    read_text,
+    rows_to_dataset,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    text_a: str
+    """Header name of the first sentence."""
+    text_b: str | None
+    label: str
+    """Header name of the label (absent in test files)."""
+    ids: tuple[tuple[str, ...], ...]
+    """Alternatives, in order, of header names that identify a row (joined with "-"); the first
+    one the file has is used, else ``id``, else the line number."""
+    label_names: tuple[str, ...] | None
+    """Label names in id order; None for regression (STS-B)."""
+    raw_labels: tuple[str, ...] | None = None
+    """How labels are written in the file, in id order (default: the names themselves)."""
+    headerless: tuple[str, ...] | None = None
+    """Column names of a file without a header (CoLA train/dev)."""
+
+
+BINARY = ("0", "1")
+INDEX = (("index",),)
+TASKS: dict[str, GlueTask] = {
+    "cola": GlueTask("sentence", None, "label", INDEX, ("unacceptable", "acceptable"), BINARY,
+                     headerless=("source", "label", "original_label", "sentence")),
+    "sst2": GlueTask("sentence", None, "label", INDEX, ("negative", "positive"), BINARY),
+    "mrpc": GlueTask("#1 String", "#2 String", "Quality", (("index",), ("#1 ID", "#2 ID")), ("not_equivalent", "equivalent"), BINARY),
+    "stsb": GlueTask("sentence1", "sentence2", "score", INDEX, None),
+    "qqp": GlueTask("question1", "question2", "is_duplicate", (("id",),), ("not_duplicate", "duplicate"), BINARY),
+    "mnli": GlueTask("sentence1", "sentence2", "gold_label", INDEX, ("entailment", "neutral", "contradiction")),
+    "qnli": GlueTask("question", "sentence", "label", INDEX, ("entailment", "not_entailment")),
+    "rte": GlueTask("sentence1", "sentence2", "label", INDEX, ("entailment", "not_entailment")),
+    "wnli": GlueTask("sentence1", "sentence2", "label", INDEX, ("not_entailment", "entailment"), BINARY),
+}
+
+
+def _is_header(fields: list[str], task: GlueTask) -> bool:
+    if task.headerless is None:
+        return True
+    return task.text_a in fields or fields[0] in ("index", "id")
+
+
+def _id_columns(header: list[str], task: GlueTask) -> list[int]:
+    for names in task.ids + (("id",),):
+        if all(n in header for n in names):
+            return [header.index(n) for n in names]
+    return []
+
+
+def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, key: str, skips: Skips) -> list[dict]:
+    text = read_text(path, cfg.encoding, f"{key}.encoding")
+    lines = list(numbered_lines(text))
+    if not lines:
+        raise PrepareError(f"{path} is empty (from params.yaml `{key}.files.{split}`)")
+    first = next(csv.reader([lines[0][1]], delimiter="\t", quoting=csv.QUOTE_NONE))
+    if _is_header(first, task):
+        header, body = first, lines[1:]
+    else:
+        header, body = list(task.headerless), lines
+    missing = [c for c in (task.text_a, task.text_b) if c is not None and c not in header]
+    if missing:
+        raise PrepareError(
+            f"{path}:1: header {header} has no column(s) {missing} for GLUE task {cfg.task!r}; "
+            f"is `{key}.task` right, and is this the original GLUE TSV?"
+        )
+    col = {name: i for i, name in enumerate(header)}
+    # MNLI dev has label1..label5 before gold_label; the score/label is the last column anyway.
+    labeled = task.label in col
+    id_cols = _id_columns(header, task)
+    rows = []
+    numbered = ((n, f) for (n, _), f in zip(body, csv.reader((l for _, l in body), delimiter="\t", quoting=csv.QUOTE_NONE)))
+    for number, fields in tqdm(numbered, total=len(body), desc=f"{path.name}", unit="row", disable=None, leave=False):
+        where = f"{path}:{number}"
+        if not any(f.strip() for f in fields):
+            skips.add("blank lines")
+            continue
+        if len(fields) != len(header):
+            _bad(cfg, key, skips, "rows with a wrong number of columns", where,
+                 f"{len(fields)} tab-separated columns, expected {len(header)} ({', '.join(header)})")
+            continue
+        label = _label(fields[col[task.label]], task) if labeled else UNLABELED
+        if label is None:
+            what = "score" if task.label_names is None else "label"
+            expected = "a number" if task.label_names is None else " / ".join(task.raw_labels or task.label_names)
+            _bad(cfg, key, skips, f"rows with an unknown {what}", where,
+                 f"{what} {fields[col[task.label]]!r} is not {expected}")
+            continue
+        row_id = "-".join(fields[i] for i in id_cols) if id_cols else str(number)
+        row = {"id": row_id, "text_a": fields[col[task.text_a]], "label": label}
+        if task.text_b is not None:
+            row["text_b"] = fields[col[task.text_b]]
+        rows.append(row)
+    return rows
+
+
+def _label(raw: str, task: GlueTask) -> int | float | None:
+    """The label id (score for regression), or None when it cannot be read."""
+    raw = raw.strip()
+    if task.label_names is None:
+        try:
+            score = float(raw)
+        except ValueError:
+            return None
+        return score if math.isfinite(score) else None
+    names = task.raw_labels or task.label_names
+    return names.index(raw) if raw in names else None
+
+
+def _bad(cfg: LocalGlueConfig, key: str, skips: Skips, reason: str, where: str, detail: str) -> None:
+    if cfg.on_bad_rows == "error":
+        raise PrepareError(
+            f"{where}: {detail}. Fix the row, or set `{key}.on_bad_rows: skip` in params.yaml "
+            "to skip such rows (they are counted in the summary)."
+        )
+    skips.bad(reason, where, detail)
+
+
+def build_glue(name: str, cfg: LocalGlueConfig) -> Prepared:
+    key = f"prepare.datasets.{name}"
+    task = TASKS[cfg.task]
+    if not cfg.files:
+        raise PrepareError(f"{key}.files is empty; give at least `train: path/to/train.tsv`")
+    skips = Skips()
+    text_fields = ["text_a"] + (["text_b"] if task.text_b else [])
+    task_type = "regression" if task.label_names is None else "classification"
+    splits = {}
+    for split, file in cfg.files.items():
+        path = input_path(file, f"{key}.files.{split}")
+        rows = _read_split(path, split, task, cfg, key, skips)
+        if not rows:
+            raise PrepareError(f"{path}: no usable rows (skipped: {skips.as_dict()}); check `{key}.files.{split}`")
+        splits[split] = rows_to_dataset(rows, task_type, text_fields)
+    return Prepared(splits, task_type, list(task.label_names or []), text_fields, skips)

@@ -1,0 +1,131 @@
+"""Datasets from the Hugging Face hub: GLUE tasks (``glue/<task>``), SQuAD (``squad``,
+``squad_v2``) and any corpus with a text column. Offline, this fails within seconds with the
+``params.yaml`` snippet that reads the same data from local files instead."""
+
+from __future__ import annotations
+
+import logging
+
+from datasets import Dataset
+
+from distillpipe.assets import hub_offline_reason
+from distillpipe.config import HubConfig
+from distillpipe.data.sources.base import FEATURES, PrepareError, Prepared, Skips, features_for
+from distillpipe.data.sources.glue import TASKS as GLUE_TASKS
+
+logger = logging.getLogger(__name__)
+
+GLUE_REPO = "nyu-mll/glue"
+SQUAD_REPOS = {"squad": "rajpurkar/squad", "squad_v2": "rajpurkar/squad_v2"}
+# Hub column names of each GLUE task: (text_a, text_b); every task also has ``label`` and ``idx``.
+GLUE_COLUMNS = {
+    "cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+    "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"), "mnli": ("premise", "hypothesis"),
+    "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2"),
+}
+# Folder names of the original GLUE download (download_glue_data.py).
+GLUE_DIRS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
+             "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+
+
+def resolve(cfg: HubConfig) -> tuple[str, str, str | None]:
+    """(kind, hub repo, hub subset) with kind ``glue:<task>``, ``squad`` or ``corpus``."""
+    name = cfg.name.strip("/")
+    head, _, tail = name.rpartition("/")
+    if head in ("glue", GLUE_REPO) or name in ("glue", GLUE_REPO):
+        task = (cfg.subset or "") if name in ("glue", GLUE_REPO) else tail
+        if task not in GLUE_COLUMNS:
+            raise PrepareError(f"hub name {cfg.name!r} (subset {cfg.subset!r}): unknown GLUE task; known: {sorted(GLUE_COLUMNS)}")
+        return f"glue:{task}", GLUE_REPO, task
+    short = name.rpartition("/")[2]
+    if short in SQUAD_REPOS and (not head or SQUAD_REPOS[short] == name):
+        return "squad", SQUAD_REPOS[short], cfg.subset
+    return "corpus", name, cfg.subset
+
+
+def _offline_snippet(name: str, kind: str) -> str:
+    if kind.startswith("glue:"):
+        task = kind.split(":", 1)[1]
+        folder = f"data/glue/{GLUE_DIRS[task]}"
+        devs = ["dev_matched", "dev_mismatched"] if task == "mnli" else ["dev"]
+        files = ", ".join(f"{s}: {folder}/{s}.tsv" for s in ["train", *devs])
+        fmt = (f"      format: glue\n      task: {task}\n      files: {{{files}}}\n"
+               "      encoding: utf-8\n      on_bad_rows: error")
+    elif kind == "squad":
+        fmt = ("      format: squad\n"
+               "      files: {train: data/squad/train-v2.0.json, dev: data/squad/dev-v2.0.json}\n"
+               "      encoding: utf-8")
+    else:
+        fmt = ("      format: jsonl              # or text: documents separated by blank lines\n"
+               "      files: {train: data/corpus/train.jsonl, dev: data/corpus/dev.jsonl}\n"
+               "      text_field: text\n      encoding: utf-8\n      on_bad_rows: error")
+    return f"prepare:\n  datasets:\n    {name}:\n      source: local\n{fmt}"
+
+
+def map_hub_split(kind: str, ds: Dataset, cfg: HubConfig, skips: Skips) -> Dataset:
+    """One hub split in our schema (columns, dtypes and label ids)."""
+    if kind.startswith("glue:"):
+        task = kind.split(":", 1)[1]
+        a, b = GLUE_COLUMNS[task]
+        names = GLUE_TASKS[task].label_names
+        hub_names = getattr(ds.features.get("label"), "names", None)
+        if names is not None and hub_names is not None and list(hub_names) != list(names):
+            raise PrepareError(f"hub {cfg.name}: label names {hub_names} differ from the expected {list(names)}")
+        text_fields = ["text_a"] + (["text_b"] if b else [])
+        task_type = "classification" if names is not None else "regression"
+
+        def glue(batch: dict) -> dict:
+            out = {"id": [str(i) for i in batch["idx"]], "text_a": batch[a], "label": batch["label"]}
+            if b:
+                out["text_b"] = batch[b]
+            return out
+
+        return ds.map(glue, batched=True, remove_columns=ds.column_names, features=features_for(task_type, text_fields))
+    if kind == "squad":
+        return ds.select_columns(list(FEATURES["qa"])).cast(FEATURES["qa"])
+    if cfg.text_field not in ds.column_names:
+        raise PrepareError(
+            f"hub {cfg.name}: no column {cfg.text_field!r} (columns: {ds.column_names}); set `text_field` to one of them"
+        )
+    ids = "id" if "id" in ds.column_names else None
+
+    def corpus(batch: dict, indices: list[int]) -> dict:
+        keep = [i for i, t in enumerate(batch[cfg.text_field]) if isinstance(t, str) and t.strip()]
+        return {
+            "doc_id": [str(batch[ids][i]) if ids else str(indices[i]) for i in keep],
+            "text": [batch[cfg.text_field][i] for i in keep],
+        }
+
+    out = ds.map(corpus, batched=True, with_indices=True, remove_columns=ds.column_names, features=FEATURES["corpus"])
+    skips.add("empty documents", len(ds) - len(out))
+    return out
+
+
+def build_hub(name: str, cfg: HubConfig) -> Prepared:
+    key = f"prepare.datasets.{name}"
+    kind, repo, subset = resolve(cfg)
+    reason = hub_offline_reason()
+    if reason is not None:
+        raise PrepareError(
+            f"{key}: the Hugging Face hub is unreachable ({reason}), so {cfg.name!r} cannot be downloaded. "
+            "Download the data on a connected machine, copy the files here and read them with "
+            f"`source: local` in params.yaml instead, e.g.\n{_offline_snippet(name, kind)}"
+        )
+    from datasets import load_dataset
+
+    if not cfg.splits:
+        raise PrepareError(f"{key}.splits is empty; map our split names to hub splits, e.g. {{train: train, dev: validation}}")
+    skips = Skips()
+    splits = {}
+    for ours, theirs in cfg.splits.items():
+        logger.info("loading %s (%s) split %s from the hub", repo, subset, theirs)
+        ds = load_dataset(repo, subset, split=theirs)
+        splits[ours] = map_hub_split(kind, ds, cfg, skips)
+    if kind.startswith("glue:"):
+        task = GLUE_TASKS[kind.split(":", 1)[1]]
+        text_fields = ["text_a"] + (["text_b"] if task.text_b else [])
+        task_type = "classification" if task.label_names else "regression"
+        return Prepared(splits, task_type, list(task.label_names or []), text_fields, skips)
+    if kind == "squad":
+        return Prepared(splits, "qa", [], ["question", "context"], skips)
+    return Prepared(splits, "corpus", [], ["text"], skips)
