@@ -189,6 +189,8 @@ class TokenizeMLMConfig:
     seed: int
 
     def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ConfigError(f"seed={self.seed} must be >= 0")
         if self.mask_views < 1:
             raise ConfigError(f"mask_views={self.mask_views} must be >= 1")
         if not 0 < self.mask_prob < 1:
@@ -230,8 +232,9 @@ class TokenizeConfig:
         if self.max_seq_len < 8:
             raise ConfigError(f"tokenize.max_seq_len={self.max_seq_len} is too small (>= 8)")
         for name, ds in self.datasets.items():
-            if isinstance(ds, TokenizeQAConfig) and not 0 < ds.doc_stride < self.max_seq_len:
-                raise ConfigError(f"tokenize.datasets.{name}.doc_stride must be in (0, max_seq_len)")
+            if isinstance(ds, TokenizeQAConfig) and not 0 < ds.doc_stride < self.max_seq_len - ds.max_query_len - 3:
+                raise ConfigError(f"tokenize.datasets.{name}.doc_stride must be in (0, max_seq_len - max_query_len - 3): "
+                                  "a window must hold the question, 3 special tokens and more context than the stride")
 
 
 # --------------------------------------------------------------------------------------------

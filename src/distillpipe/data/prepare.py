@@ -68,7 +68,7 @@ def prepare_dataset(name: str, cfg: PrepareDatasetConfig, out_dir: Path) -> Prep
     assert prepared.task_type in schema.TASK_TYPES, prepared.task_type
     _write_atomically(DatasetDict(prepared.splits), meta, out_dir)
     summary = PrepareSummary(name, rows, skipped, time.perf_counter() - start)
-    logger.info(summary.one_line())
+    logger.debug(summary.one_line())  # the CLI prints it
     return summary
 
 

@@ -22,8 +22,11 @@ Tokens (``data/tokens/<name>/``): unpadded rows, ids as int32; attention mask is
                   end_positions (0 = [CLS] when unanswerable or not in this window), has_answer
   mlm             + block_id (int64), view (int32), masked_positions (list[int32]),
                   masked_labels (list[int32], the original ids at those positions)
-  meta.json: name, task_type, kind, fingerprint, tokenizer {spec, sha256, vocab_size, pad_id,
-             cls_id, sep_id, mask_id}, max_seq_len, params, summary
+  dtypes: start/end_positions int32, has_answer bool, offset_mapping list of [int32, 2],
+          label int64 (float32 for regression), example_id string
+  meta.json: name, task_type, kind, fingerprint, num_labels, label_names (from the prepared
+             meta), tokenizer {spec, sha256, vocab_size, pad_id, cls_id, sep_id, mask_id},
+             max_seq_len, params, summary
 """
 
 from __future__ import annotations

@@ -1,0 +1,420 @@
+"""The ``tokenize`` stage: prepared datasets -> teacher-tokenized rows (the ``Tokens`` format).
+
+Owns the entry point :func:`tokenize_dataset`, tokenizer loading, the tokens fingerprint that the
+teacher cache checks, the classification encodings (joint ``[CLS] a [SEP] b [SEP]`` and separate
+``[CLS] x [SEP]`` for DiffCat) and the Arrow writing. MLM packing and static masking live in
+:mod:`distillpipe.data.masking`, QA windows in :mod:`distillpipe.data.qa_windows`.
+
+Splits are written batch by batch as Arrow streams (memory stays bounded by one batch), then saved
+with ``DatasetDict.save_to_disk`` into a temporary folder beside ``out_dir`` that is renamed into
+place at the end, so a killed run never leaves a half-written ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from distillpipe.assets import json_sha256, resolve_model, sha256_dir, tokenizer_sha256
+from distillpipe.config import TokenizeClassificationConfig, TokenizeConfig, TokenizeMLMConfig, TokenizeQAConfig
+from distillpipe.data import schema
+from distillpipe.data.masking import MaskingSpec, masked_rows, pack_blocks
+from distillpipe.data.qa_windows import check_lengths, qa_window_columns
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""Part of the fingerprint: bump when a code change alters what is written for the same inputs."""
+
+KIND_OF_TASK = {"corpus": "mlm", "classification": "classification", "regression": "classification", "qa": "qa"}
+
+
+class TokenizeError(ValueError):
+    """The prepared data, the tokenizer or the tokenize params do not fit together."""
+
+
+@dataclass
+class TokenizeSummary:
+    name: str
+    kind: str
+    examples: dict[str, int]
+    """Prepared rows read, per split."""
+    rows: dict[str, int]
+    """Token rows written, per split."""
+    truncated: int
+    """Sequences cut to fit (classification: joint encodings; qa: questions over max_query_len)."""
+    windows: int
+    """Distinct sequences: qa context windows, mlm blocks (each written ``views`` times), classification rows."""
+    views: int
+    tokens: int
+    """Tokens in the distinct sequences (an mlm block counts once, not once per view)."""
+    seconds: float
+    counts: dict[str, int] = field(default_factory=dict)
+    """Kind-specific details (truncated_a/b, answerable, documents, ...)."""
+
+    def one_line(self) -> str:
+        rows = sum(self.rows.values())
+        if self.kind == "mlm":
+            what = f"{self.windows:,} blocks x {self.views} views"
+            cut = f"{self.truncated:,} truncated"
+        elif self.kind == "qa":
+            what = f"{sum(self.examples.values()):,} examples -> {self.windows:,} windows"
+            cut = f"{self.truncated:,} questions truncated"
+        else:
+            what = "pairs" if self.counts.get("pair") else "single sentences"
+            cut = f"{self.truncated:,} truncated"
+        rate = _si(self.tokens / self.seconds) if self.seconds > 0 else "inf"
+        return f"tokenize {self.name}: {rows:,} rows ({what}), {cut}, {self.seconds:.1f} s, {rate} tokens/s"
+
+    def to_meta(self) -> dict[str, Any]:
+        """The summary for meta.json, without the timing, so that a re-run writes identical files."""
+        d = dataclasses.asdict(self)
+        del d["seconds"]
+        return d
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.{1 if x < 10 * scale else 0}f}{unit}"
+    return f"{x:.0f}"
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer, params, fingerprint
+# --------------------------------------------------------------------------------------------
+
+
+def load_tokenizer(spec: str) -> tuple[Any, Path]:
+    """The fast tokenizer for ``spec`` (see :func:`distillpipe.assets.resolve_model`) and its folder."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(spec)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if not tok.is_fast:
+        raise TokenizeError(
+            f"tokenize.tokenizer={spec!r} ({path}) loaded as a slow (Python) tokenizer: character offsets "
+            "need a fast one. Save the tokenizer with a tokenizer.json (any transformers version: "
+            "`AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(DIR)`) and point at DIR"
+        )
+    for attr in ("cls_token_id", "sep_token_id", "pad_token_id"):
+        if getattr(tok, attr) is None:
+            raise TokenizeError(f"tokenize.tokenizer={spec!r} has no {attr.removesuffix('_id')}: "
+                                "a tokenizer with BERT-style special tokens is needed")
+    return tok, path
+
+
+def tokenizer_meta(tok: Any, spec: str, sha256: str) -> dict[str, Any]:
+    return {"spec": spec, "sha256": sha256, "vocab_size": len(tok), "pad_id": tok.pad_token_id,
+            "cls_id": tok.cls_token_id, "sep_id": tok.sep_token_id, "mask_id": tok.mask_token_id}
+
+
+def dataset_params(cfg: TokenizeConfig, name: str) -> dict[str, Any]:
+    """What decides the tokens of ``name`` besides the input and the tokenizer: its config + max_seq_len."""
+    return {**dataclasses.asdict(cfg.datasets[name]), "max_seq_len": cfg.max_seq_len}
+
+
+def prepared_fingerprint(prepared_dir: str | Path) -> str:
+    """Content digest of a prepared folder: its Arrow files and its meta.json without the summary.
+
+    Not ``state.json`` (its ``_fingerprint`` is not a content hash) nor the summary (which may hold
+    timings), so re-preparing identical data keeps the fingerprint.
+    """
+    meta = {k: v for k, v in schema.read_meta(prepared_dir).items() if k != "summary"}
+    return json_sha256({"arrow": sha256_dir(prepared_dir, ["*.arrow"]), "meta": meta})
+
+
+def tokens_fingerprint(prepared_dir: str | Path, tokenizer_sha: str, params: dict[str, Any]) -> str:
+    return json_sha256({"format": FORMAT_VERSION, "prepared": prepared_fingerprint(prepared_dir),
+                        "tokenizer": tokenizer_sha, "params": params})
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------
+
+
+def tokenize_dataset(name: str, prepared_dir: Path, cfg: TokenizeConfig, out_dir: Path, *,
+                     batch_size: int = 1000) -> TokenizeSummary:
+    """Tokenize every split of the prepared dataset ``name`` into ``out_dir`` (the Tokens format).
+
+    ``batch_size`` (prepared rows per tokenizer call) changes speed and memory, never the output.
+    """
+    from datasets import DatasetDict, load_from_disk
+
+    t0 = time.perf_counter()
+    prepared_dir, out_dir = Path(prepared_dir), Path(out_dir)
+    if name not in cfg.datasets:
+        raise TokenizeError(f"params.yaml: tokenize.datasets has no entry {name!r}; known: {sorted(cfg.datasets)}")
+    dcfg = cfg.datasets[name]
+    meta_in = schema.read_meta(prepared_dir)
+    task_type = meta_in.get("task_type")
+    if task_type not in KIND_OF_TASK:
+        raise TokenizeError(f"{prepared_dir}/{schema.META_FILE}: task_type {task_type!r} is not one of "
+                            f"{schema.TASK_TYPES}")
+    if KIND_OF_TASK[task_type] != dcfg.kind:
+        raise TokenizeError(
+            f"params.yaml: tokenize.datasets.{name}.kind is {dcfg.kind!r}, but {prepared_dir} holds a "
+            f"{task_type!r} dataset, which needs kind: {KIND_OF_TASK[task_type]}"
+        )
+    dd = load_from_disk(str(prepared_dir))
+    if not isinstance(dd, DatasetDict):
+        raise TokenizeError(f"{prepared_dir} holds a single Dataset; the prepare stage writes a DatasetDict of splits")
+
+    tok, model_dir = load_tokenizer(cfg.tokenizer)
+    tok_sha = tokenizer_sha256(model_dir)
+    params = dataset_params(cfg, name)
+    fingerprint = tokens_fingerprint(prepared_dir, tok_sha, params)
+    writer = _SplitWriter(name, dcfg, task_type, meta_in, tok, cfg.max_seq_len, batch_size)
+
+    tmp = out_dir.parent / f".{out_dir.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a killed run
+    (tmp / "work").mkdir(parents=True)
+    try:
+        summary = writer.run(dd, tmp, t0)
+        meta = {"name": name, "task_type": task_type, "kind": dcfg.kind, "fingerprint": fingerprint,
+                "num_labels": meta_in.get("num_labels"), "label_names": meta_in.get("label_names"),
+                "tokenizer": tokenizer_meta(tok, cfg.tokenizer, tok_sha), "max_seq_len": cfg.max_seq_len,
+                "params": params, "summary": summary.to_meta()}
+        schema.write_meta(tmp / "out", meta)
+        _replace_dir(tmp / "out", out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary.seconds = time.perf_counter() - t0
+    log.debug("%s", summary.one_line())  # the CLI prints it
+    return summary
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    old = dst.parent / f".{dst.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if dst.exists():
+        dst.rename(old)
+    src.rename(dst)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+class _SplitWriter:
+    """Runs one dataset kind over every split and writes the Arrow streams."""
+
+    def __init__(self, name: str, dcfg: Any, task_type: str, meta_in: dict, tok: Any, max_seq_len: int,
+                 batch_size: int) -> None:
+        self.name, self.dcfg, self.task_type, self.meta_in = name, dcfg, task_type, meta_in
+        self.tok, self.max_seq_len, self.batch_size = tok, max_seq_len, batch_size
+        try:  # the helpers raise ValueError; the CLI reports TokenizeError as a user error
+            if isinstance(dcfg, TokenizeMLMConfig):
+                if tok.mask_token_id is None:
+                    raise ValueError("kind is mlm but the tokenizer has no mask token")
+                self.spec = MaskingSpec.build(
+                    mask_prob=dcfg.mask_prob, mask_token_fraction=dcfg.mask_token_fraction,
+                    random_token_fraction=dcfg.random_token_fraction, seed=dcfg.seed, mask_id=tok.mask_token_id,
+                    special_ids=tok.all_special_ids, vocab_size=len(tok))
+            if isinstance(dcfg, TokenizeQAConfig):
+                check_lengths(tok, max_seq_len, dcfg.doc_stride, dcfg.max_query_len)
+        except ValueError as e:
+            raise TokenizeError(f"tokenize.datasets.{name}: {e}") from None
+
+    def run(self, dd: Any, tmp: Path, t0: float) -> TokenizeSummary:
+        from datasets import Dataset, DatasetDict
+
+        examples, rows, counts = {}, {}, {}
+        paths = {}
+        for split, ds in dd.items():
+            paths[split] = tmp / "work" / f"{split}.arrow"
+            n_rows = 0
+            with tqdm(total=len(ds), desc=f"tokenize {self.name}/{split}", unit="rows") as bar:
+                features, batches = self._split(split, ds, counts, bar)
+                schema_ = features.arrow_schema
+                with pa.OSFile(str(paths[split]), "wb") as sink, pa.ipc.new_stream(sink, schema_) as out:
+                    for cols in batches:
+                        out.write_batch(to_record_batch(cols, schema_))
+                        n_rows += len(cols["length"])
+                        _add(counts, "tokens", int(np.sum(_distinct_lengths(cols))))
+            if n_rows == 0:  # datasets cannot load an empty split back, and nothing could train on it
+                raise TokenizeError(f"prepared {self.name}/{split} ({len(ds)} rows) gives no tokens: its texts are "
+                                    "empty; check the prepare stage's output")
+            examples[split], rows[split] = len(ds), n_rows
+            log.info("tokenize %s/%s: %d prepared rows -> %d token rows", self.name, split, len(ds), n_rows)
+        out_dd = DatasetDict({s: Dataset.from_file(str(p)) for s, p in paths.items()})
+        out_dd.save_to_disk(str(tmp / "out"))
+        del out_dd
+        kind = self.dcfg.kind
+        windows = {"mlm": counts.get("blocks", 0), "qa": counts.get("windows", 0)}.get(kind, sum(rows.values()))
+        truncated = counts.get("truncated_questions" if kind == "qa" else "truncated", 0)
+        return TokenizeSummary(self.name, kind, examples, rows, truncated, windows,
+                               getattr(self.dcfg, "mask_views", 1), counts.pop("tokens", 0),
+                               time.perf_counter() - t0, counts)
+
+    def _split(self, split: str, ds: Any, counts: dict[str, int], bar: tqdm):
+        from datasets import Features, List, Value
+
+        base = {"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8")), "length": Value("int32")}
+        ids = List(Value("int32"))
+        if isinstance(self.dcfg, TokenizeMLMConfig):
+            _require(ds, split, self.name, ("doc_id", "text"))
+            features = Features({**base, "block_id": Value("int64"), "view": Value("int32"),
+                                 "masked_positions": ids, "masked_labels": ids})
+            return features, self._mlm(split, ds, counts, bar)
+        if isinstance(self.dcfg, TokenizeQAConfig):
+            _require(ds, split, self.name, ("id", "context", "question", "answers"))
+            features = Features({**base, "example_id": Value("string"),
+                                 "offset_mapping": List(List(Value("int32"), length=2)),
+                                 "start_positions": Value("int32"), "end_positions": Value("int32"),
+                                 "has_answer": Value("bool")})
+            return features, self._qa(ds, counts, bar)
+        assert isinstance(self.dcfg, TokenizeClassificationConfig)
+        _require(ds, split, self.name, ("id", "text_a", "label"))
+        pair = "text_b" in ds.column_names
+        text_fields = self.meta_in.get("text_fields") or []
+        if len(text_fields) == 2 and not pair:
+            raise TokenizeError(f"{self.name}/{split}: meta.json text_fields {text_fields} names two texts but "
+                                f"the split has no text_b column (columns: {ds.column_names})")
+        counts["pair"] = int(pair)
+        label = Value("float32" if self.task_type == "regression" else "int64")
+        features = Features({**base, "example_id": Value("string"), "label": label,
+                             "a_input_ids": ids, "b_input_ids": ids})
+        return features, self._classification(ds, pair, counts, bar)
+
+    def _mlm(self, split: str, ds: Any, counts: dict[str, int], bar: tqdm) -> Iterator[dict[str, list]]:
+        def corpus_rows():
+            prev = None
+            for batch in ds.iter(batch_size=self.batch_size):
+                enc = self.tok(batch["text"], add_special_tokens=False, return_attention_mask=False,
+                               return_token_type_ids=False, verbose=False)
+                for doc_id in batch["doc_id"]:
+                    _add(counts, "documents", int(doc_id != prev))
+                    prev = doc_id
+                bar.update(len(batch["text"]))
+                yield from zip(batch["doc_id"], enc["input_ids"])
+
+        blocks = pack_blocks(corpus_rows(), self.max_seq_len, self.tok.cls_token_id, self.tok.sep_token_id)
+        for cols in masked_rows(blocks, self.spec, split, self.dcfg.mask_views, self.batch_size):
+            _add(counts, "blocks", sum(v == 0 for v in cols["view"]))
+            _add(counts, "masked", sum(len(p) for p in cols["masked_positions"]))
+            yield cols
+
+    def _qa(self, ds: Any, counts: dict[str, int], bar: tqdm) -> Iterator[dict[str, list]]:
+        for batch in ds.iter(batch_size=self.batch_size):
+            cols, c = qa_window_columns(self.tok, batch, self.max_seq_len, self.dcfg.doc_stride,
+                                        self.dcfg.max_query_len)
+            for k, v in c.items():
+                _add(counts, k, v)
+            bar.update(len(batch["id"]))
+            yield cols
+        for key, what in (("answers_in_no_window", "answers fall in no window"),
+                          ("answer_text_mismatch", "answers do not match context[answer_start:]")):
+            if counts.get(key):
+                log.warning("tokenize %s: %d %s (labelled 0/0)", self.name, counts[key], what)
+
+    def _classification(self, ds: Any, pair: bool, counts: dict[str, int], bar: tqdm) -> Iterator[dict[str, list]]:
+        for batch in ds.iter(batch_size=self.batch_size):
+            cols, c = classification_columns(self.tok, batch, pair, self.max_seq_len)
+            for k, v in c.items():
+                _add(counts, k, v)
+            bar.update(len(batch["id"]))
+            yield cols
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] = counts.get(key, 0) + int(n)
+
+
+def _require(ds: Any, split: str, name: str, columns: tuple[str, ...]) -> None:
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise TokenizeError(f"prepared {name}/{split} lacks column(s) {missing} (has {ds.column_names}); "
+                            "see distillpipe.data.schema for the Prepared format")
+
+
+def _distinct_lengths(cols: dict[str, list]) -> list[int]:
+    if "view" in cols:
+        return [n for n, v in zip(cols["length"], cols["view"]) if v == 0]
+    return cols["length"]
+
+
+# --------------------------------------------------------------------------------------------
+# classification
+# --------------------------------------------------------------------------------------------
+
+
+def classification_columns(tok: Any, batch: dict[str, list], pair: bool, max_seq_len: int
+                           ) -> tuple[dict[str, list], dict[str, int]]:
+    """Joint ``[CLS] a [SEP] b [SEP]`` (longest-first truncation) and separate ``[CLS] a [SEP]``,
+    ``[CLS] b [SEP]`` encodings, each of at most ``max_seq_len`` tokens, with truncation counts."""
+    a_ids, full_a, n_a = _encode_single(tok, batch["text_a"], max_seq_len)
+    n = len(a_ids)
+    counts = {"truncated_a": n_a}
+    if pair:
+        b_ids, full_b, n_b = _encode_single(tok, batch["text_b"], max_seq_len)
+        joint = tok(batch["text_a"], batch["text_b"], truncation="longest_first", max_length=max_seq_len,
+                    return_token_type_ids=True, return_attention_mask=False)
+        input_ids, type_ids = joint["input_ids"], joint["token_type_ids"]
+        s1, s2 = tok.num_special_tokens_to_add(pair=False), tok.num_special_tokens_to_add(pair=True)
+        counts["truncated_b"] = n_b
+        counts["truncated"] = sum((la - s1) + (lb - s1) + s2 > max_seq_len for la, lb in zip(full_a, full_b))
+    else:
+        b_ids = [np.zeros(0, dtype=np.int32)] * n
+        input_ids, type_ids = a_ids, [np.zeros(len(x), dtype=np.int8) for x in a_ids]
+        counts["truncated"] = n_a
+    cols = {"input_ids": input_ids, "token_type_ids": type_ids, "length": [len(x) for x in input_ids],
+            "example_id": batch["id"], "label": batch["label"], "a_input_ids": a_ids, "b_input_ids": b_ids}
+    return cols, counts
+
+
+def _encode_single(tok: Any, texts: list[str], max_seq_len: int) -> tuple[list, list[int], int]:
+    """``[CLS] x [SEP]`` per text, truncated to ``max_seq_len``; also the untruncated lengths and the
+    number truncated (only the over-long texts are encoded a second time)."""
+    ids = tok(texts, return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
+    full = [len(x) for x in ids]
+    long = [i for i, n in enumerate(full) if n > max_seq_len]
+    if long:
+        cut = tok([texts[i] for i in long], truncation=True, max_length=max_seq_len,
+                  return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        for i, x in zip(long, cut):
+            ids[i] = x
+    return ids, full, len(long)
+
+
+# --------------------------------------------------------------------------------------------
+# Arrow
+# --------------------------------------------------------------------------------------------
+
+
+def to_record_batch(cols: dict[str, list], arrow_schema: pa.Schema) -> pa.RecordBatch:
+    """Columns of Python/numpy values -> one record batch of exactly ``arrow_schema`` (list columns
+    are built from one flat numpy array, which is much faster than Python lists of lists)."""
+    arrays = []
+    for f in arrow_schema:
+        values = cols[f.name]
+        arrays.append(_list_array(values, f.type) if pa.types.is_list(f.type) else pa.array(values, type=f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+
+def _list_array(seqs: list, list_type: pa.DataType) -> pa.Array:
+    inner = list_type.value_type
+    fixed = pa.types.is_fixed_size_list(inner)
+    leaf = inner.value_type if fixed else inner
+    dtype = np.dtype(leaf.to_pandas_dtype())
+    parts = [np.asarray(s, dtype=dtype).reshape(-1) for s in seqs]
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+    lengths = np.fromiter((p.size for p in parts), dtype=np.int64, count=len(parts))
+    if fixed:
+        lengths //= inner.list_size
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pa.array(flat, type=leaf)
+    if fixed:
+        values = pa.FixedSizeListArray.from_arrays(values, inner.list_size)
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=list_type)
