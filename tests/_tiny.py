@@ -11,10 +11,12 @@ WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0) -> Path:
-    """Save a random tiny BertModel + fast WordPiece tokenizer in save_pretrained layout."""
+def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0,
+                       num_labels: int = 0) -> Path:
+    """Save a random tiny BertModel (a BertForSequenceClassification when ``num_labels``) and a fast
+    WordPiece tokenizer in save_pretrained layout."""
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
     vocab = path / "vocab.txt"
@@ -22,8 +24,9 @@ def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: 
     BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(path)
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=hidden, num_hidden_layers=layers,
-                     num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=64)
-    BertModel(cfg).save_pretrained(path)
+                     num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=64,
+                     num_labels=max(num_labels, 2))
+    (BertForSequenceClassification(cfg) if num_labels else BertModel(cfg)).save_pretrained(path)
     return path
 
 
@@ -63,6 +66,39 @@ def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n
                       "label_names": ["no", "yes"], "num_labels": 2, "fingerprint": "toy-" + str(seed),
                       "tokenizer": tokenizer_meta(model_dir), "max_seq_len": 32, "params": {}, "summary": {}})
     return path
+
+
+def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 0, max_seq_len: int = 32) -> Path:
+    """Random MLM rows in the tokens format (lengths vary, a few masked positions each)."""
+    from datasets import Dataset, DatasetDict
+
+    from distillpipe.data.schema import write_meta
+
+    rng = np.random.default_rng(seed)
+    rows = {k: [] for k in ("input_ids", "token_type_ids", "length", "block_id", "view", "masked_positions",
+                            "masked_labels")}
+    for i in range(n_rows):
+        n = int(rng.integers(6, max_seq_len + 1))
+        ids = [2] + rng.integers(5, 65, size=n - 2).tolist() + [3]
+        pos = sorted(rng.choice(np.arange(1, n - 1), size=max(1, (n - 2) // 7), replace=False).tolist())
+        labels = [ids[p] for p in pos]
+        for p in pos:
+            ids[p] = 4
+        for k, v in (("input_ids", ids), ("token_type_ids", [0] * n), ("length", n), ("block_id", i), ("view", 0),
+                     ("masked_positions", pos), ("masked_labels", labels)):
+            rows[k].append(v)
+    DatasetDict({"train": Dataset.from_dict(rows)}).save_to_disk(str(path))
+    write_meta(path, {"name": "toy_mlm", "task_type": "corpus", "kind": "mlm", "num_labels": 0, "label_names": None,
+                      "fingerprint": f"mlm-{seed}-{n_rows}", "tokenizer": tokenizer_meta(model_dir),
+                      "max_seq_len": max_seq_len, "params": {}, "summary": {}})
+    return path
+
+
+def signals(**over) -> dict:
+    s = {"logits": False, "mlm_topk": 0, "hidden_layers": [1, 2], "attn_layers": [2], "pool": 2,
+         "attn_probs": False, "embeddings": False}
+    s.update(over)
+    return s
 
 
 def finetune_params(**over) -> dict:

@@ -58,9 +58,11 @@ def _extra_user_errors() -> tuple[type[BaseException], ...]:
     """User-facing error classes of the heavier modules, imported only when a command runs."""
     from distillpipe.data.prepare import PrepareError
     from distillpipe.data.tokenize import TokenizeError
+    from distillpipe.store import ManifestMismatch, StoreIncomplete
+    from distillpipe.teacher.cache import TeacherCacheError
     from distillpipe.teacher.finetune import FinetuneError
 
-    return (PrepareError, TokenizeError, FinetuneError)
+    return (PrepareError, TokenizeError, FinetuneError, TeacherCacheError, ManifestMismatch, StoreIncomplete)
 
 
 def _dataset_cfg(section, name: str, params: Path, section_name: str):
@@ -129,6 +131,40 @@ def teacher_finetune(task: Annotated[str, typer.Option(help="a key of teacher_fi
     summary = finetune_teacher(task, base, tokens, prepared, cfg.tasks[task], cfg.device, out, checkpoints,
                                metrics)
     typer.echo(summary.one_line())
+
+
+@app.command("teacher-cache")
+@user_errors
+def teacher_cache(dataset: DatasetOpt,
+                  tokens: Annotated[Path, typer.Option(help="tokens folder")],
+                  teacher: Annotated[Path, typer.Option(help="teacher model folder")],
+                  out: Annotated[Path, typer.Option(help="Zarr store to create or resume")],
+                  params: ParamsOpt = Path("params.yaml")) -> None:
+    """Run the teacher over a tokens split and cache its signals in a sharded, resumable Zarr store."""
+    from distillpipe.teacher.cache import build_teacher_cache
+
+    cfg = load_section("teacher_cache", params)
+    dcfg = _dataset_cfg(cfg, dataset, params, "teacher_cache")
+    summary = build_teacher_cache(dataset, tokens, teacher, dcfg, cfg.device, cfg.batch_size, cfg.shard_rows, out)
+    typer.echo(summary.one_line())
+
+
+@app.command()
+@user_errors
+def inspect(store: Annotated[Path, typer.Argument(help="a teacher-cache store (data/teacher/<dataset>.zarr)")],
+            verify: Annotated[bool, typer.Option(help="also check every shard file against its checksum")] = False) -> None:
+    """Show a teacher cache: manifest, arrays, shapes, dtypes, shards, bytes per row, compression."""
+    from distillpipe.store import format_info, open_store
+
+    st = open_store(store, allow_incomplete=True)
+    typer.echo(format_info(st.info()))
+    if verify:
+        bad = st.verify(checksum=True)
+        if bad:
+            for i, problems in sorted(bad.items()):
+                typer.secho(f"shard {i}: {'; '.join(problems)}", fg=typer.colors.RED)
+            raise typer.Exit(1)
+        typer.echo("verify: every completed shard matches its checksums")
 
 
 def main() -> None:  # pragma: no cover - console entry point

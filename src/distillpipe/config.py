@@ -298,7 +298,8 @@ class SignalsConfig:
     """Top-k MLM logits (+ full-vocab logsumexp) at the statically masked positions; 0 = off.
     Needs a teacher with an MLM head."""
     hidden_layers: list[int]
-    """Encoder layers (1..n_layers) whose outputs are kept, average-pooled ``pool`` x along the sequence."""
+    """Encoder layers (1..n_layers; 0 = embedding output) whose outputs are kept, average-pooled
+    ``pool`` x along the sequence."""
     attn_layers: list[int]
     """Encoder layers whose pre-softmax attention scores are kept, max-pooled ``pool`` x ``pool``."""
     pool: int
@@ -311,10 +312,10 @@ class SignalsConfig:
     def __post_init__(self) -> None:
         if self.pool < 1 or self.mlm_topk < 0:
             raise ConfigError("pool must be >= 1 and mlm_topk >= 0")
-        for name in ("hidden_layers", "attn_layers"):
+        for name, low in (("hidden_layers", 0), ("attn_layers", 1)):
             layers = getattr(self, name)
-            if any(j < 1 for j in layers) or len(set(layers)) != len(layers):
-                raise ConfigError(f"{name}={layers}: layers are distinct and numbered from 1")
+            if any(j < low for j in layers) or layers != sorted(set(layers)):
+                raise ConfigError(f"{name}={layers}: layers are increasing and numbered from {low}")
         if self.attn_probs and not self.attn_layers:
             raise ConfigError("attn_probs needs attn_layers")
         if not (self.logits or self.mlm_topk or self.hidden_layers or self.attn_layers or self.embeddings):

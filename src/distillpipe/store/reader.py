@@ -1,0 +1,184 @@
+"""Reading a teacher-cache store: open with manifest validation, read row ranges, inspect.
+
+:func:`open_store` refuses a cache that does not match what the caller expects (naming every
+differing field) and, unless asked otherwise, a cache whose build has not finished. Reads are row
+ranges of whole arrays; for training use the block loader (:mod:`distillpipe.store.loader`),
+which reads chunk-aligned blocks: random single-row reads decode a whole inner chunk (8-64 rows)
+per row and are tens of times slower.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from distillpipe.store.manifest import Manifest, StoreIncomplete, check_manifest
+from distillpipe.store.schema import ArraySpec, array_layout
+from distillpipe.store.shards import marked_shards, shard_key, tree_bytes, verify_shards
+from distillpipe.store.writer import MANIFEST_KEY
+
+log = logging.getLogger(__name__)
+
+
+class TeacherStore:
+    """A validated, read-only teacher cache. Create it with :func:`open_store`.
+
+    Holds an open Zarr group: open one per process (DataLoader workers open their own)."""
+
+    def __init__(self, root: Path, manifest: Manifest):
+        self.root = root
+        self.manifest = manifest
+        self.layout: dict[str, ArraySpec] = {
+            s.name: s for s in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+        }
+        self._group = zarr.open_group(str(root), mode="r")
+        self._arrays: dict[str, Any] = {}
+
+    @property
+    def n_rows(self) -> int:
+        return self.manifest.n_rows
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """Names of the stored arrays, in layout order."""
+        return tuple(self.layout)
+
+    def _array(self, name: str) -> Any:
+        if name not in self.layout:
+            raise KeyError(f"{self.root} has no array {name!r}; it has {list(self.layout)}")
+        if name not in self._arrays:
+            self._arrays[name] = self._group[name]
+        return self._arrays[name]
+
+    def read(self, names: Iterable[str], start: int, stop: int) -> dict[str, np.ndarray]:
+        """Rows ``[start, stop)`` of each array in ``names``. Rows of shards that are not complete
+        (only possible with ``allow_incomplete``) read as the arrays' fill values."""
+        if not 0 <= start <= stop <= self.n_rows:
+            raise IndexError(f"rows [{start}, {stop}) out of range for {self.root} with {self.n_rows} rows")
+        return {name: np.asarray(self._array(name)[start:stop]) for name in names}
+
+    def verify(self, *, checksum: bool = True) -> dict[int, list[str]]:
+        """Check every completed shard's files against its completion marker:
+        {shard: problems} for the damaged ones (empty when all are intact)."""
+        shards = list(self.manifest.completed_shards)
+        _, bad = verify_shards(self.root, list(self.layout.values()), shards, checksum=checksum)
+        return bad
+
+    def info(self) -> dict[str, Any]:
+        """Everything ``distillpipe inspect`` shows: manifest, arrays (shape, dtype, chunks, shards,
+        stored bytes, compression ratio), shards, bytes on disk and per row."""
+        arrays = []
+        stored_total = raw_total = 0
+        done = self.manifest.completed_shards
+        for spec in self.layout.values():
+            stored = sum(_size(self.root / shard_key(spec, i)) for i in range(self.manifest.n_shards))
+            raw = sum(spec.row_nbytes * (b - a) for a, b in map(self.manifest.shard_rows_range, done))
+            stored_total, raw_total = stored_total + stored, raw_total + raw
+            arrays.append({
+                "name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
+                "chunks": list(spec.chunks), "shards": list(spec.shards), "fill_value": spec.fill_value,
+                "bytes_per_row_raw": spec.row_nbytes, "bytes_stored": stored,
+                "compression_ratio": raw / stored if stored else None,
+            })  # fmt: skip
+        rows_done = sum(b - a for a, b in map(self.manifest.shard_rows_range, done))
+        on_disk = tree_bytes(self.root)
+        return {
+            "path": str(self.root),
+            "manifest": self.manifest.to_dict(),
+            "n_rows": self.n_rows,
+            "n_shards": self.manifest.n_shards,
+            "completed_shards": len(done),
+            "rows_complete": rows_done,
+            "arrays": arrays,
+            "bytes_on_disk": on_disk,
+            "bytes_per_row": on_disk / rows_done if rows_done else None,
+            "bytes_per_row_raw": sum(s.row_nbytes for s in self.layout.values()),
+            "compression_ratio": raw_total / stored_total if stored_total else None,
+        }
+
+
+def open_store(
+    path: str | Path, expected: Manifest | Mapping[str, Any] | None = None, *, allow_incomplete: bool = False
+) -> TeacherStore:
+    """Open the teacher cache at ``path`` read-only.
+
+    ``expected``: a :class:`Manifest` (compared on every identity field) or a dict holding the
+    manifest fields the caller cares about, nested like the manifest (e.g. ``{"teacher":
+    {"tokenizer_sha256": ...}, "tokens_fingerprint": ..., "signals": {...}}``); only the fields it
+    names are compared. Raises :class:`~distillpipe.store.manifest.ManifestMismatch` naming every
+    differing field, and :class:`~distillpipe.store.manifest.StoreIncomplete` when shards are
+    missing (unless ``allow_incomplete``, for inspection).
+    """
+    root = Path(path)
+    if not (root / "zarr.json").is_file():
+        raise FileNotFoundError(
+            f"no teacher cache at {root}: run `dvc repro teacher_cache` (or `dvc pull` it from the remote)"
+        )
+    attrs = zarr.open_group(str(root), mode="r").attrs.asdict()
+    if MANIFEST_KEY not in attrs:
+        raise ValueError(f"{root} is a Zarr group without a teacher-cache manifest; its creation was interrupted "
+                         "or it is not a teacher cache: run `dvc repro teacher_cache`")  # fmt: skip
+    manifest = Manifest.from_dict(attrs[MANIFEST_KEY])
+    if expected is not None:
+        check_manifest(expected, manifest, where=str(root))
+    # Markers written by workers after the driver's last manifest update still count.
+    done = sorted(set(manifest.completed_shards) | set(marked_shards(root, manifest.n_shards)))
+    manifest = manifest.with_completed(done)
+    if not manifest.complete and not allow_incomplete:
+        raise StoreIncomplete(str(root), len(done), manifest.n_shards)
+    return TeacherStore(root, manifest)
+
+
+def format_info(info: Mapping[str, Any]) -> str:
+    """Human-readable text of :meth:`TeacherStore.info`."""
+    m = info["manifest"]
+    t, s = m["teacher"], m["signals"]
+    lines = [
+        f"teacher cache  {info['path']}",
+        f"format         v{m['format_version']} (written by distillpipe {m['code_version']})",
+        f"teacher        {t['name']}  weights {t['weights_sha256'][:12]}…  tokenizer {t['tokenizer_sha256'][:12]}…",
+        f"tokens         {m['tokens_fingerprint']}",
+        f"signals        task={s['task']} pool={s['pool']} L={s['max_seq_len']} hidden={s['hidden_layers']} "
+        f"attn_scores={s['attn_layers']} attn_probs={s['attn_probs_layers']} mlm_topk={s['mlm_topk']} "
+        f"embeddings={s['embedding_size']}",
+        f"rows           {info['n_rows']:,} in {info['n_shards']} shards of {m['shard_rows']:,}; "
+        f"{info['completed_shards']} shards complete ({info['rows_complete']:,} rows)",
+        f"on disk        {_mib(info['bytes_on_disk'])}, {_num(info['bytes_per_row'])} bytes/row "
+        f"(raw {info['bytes_per_row_raw']:,} bytes/row), compression {_ratio(info['compression_ratio'])}",
+        "",
+        f"{'array':<20} {'shape':<24} {'dtype':<8} {'chunks':<20} {'shards':<20} {'stored':>11} {'ratio':>7}",
+    ]
+    for a in info["arrays"]:
+        lines.append(
+            f"{a['name']:<20} {_shape(a['shape']):<24} {a['dtype']:<8} {_shape(a['chunks']):<20} "
+            f"{_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} {_ratio(a['compression_ratio']):>7}"
+        )
+    return "\n".join(lines)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _shape(shape: list[int]) -> str:
+    return "(" + ", ".join(str(x) for x in shape) + ")"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"

@@ -1,0 +1,230 @@
+"""What a teacher-cache store holds: the signal spec and the array layout it implies.
+
+A :class:`SignalSpec` says which teacher signals are cached (task logits, MLM top-k, pooled
+hidden states, pooled attention scores, optional attention probabilities and embeddings) and the
+sizes that fix their shapes. :func:`array_layout` turns a spec, the row count ``N`` and the shard
+size into the exact list of Zarr arrays (name, shape, inner chunks, shards, dtype, fill value).
+
+Layout rules (format version 1):
+
+* Every array is sharded along rows only: one Zarr shard = ``shard_rows`` rows = one work shard,
+  i.e. one file per array per shard. Non-row axes are never split.
+* Inner chunks hold 8-64 rows (a power of two dividing ``shard_rows``), the largest that stays
+  under :data:`TARGET_CHUNK_BYTES` uncompressed. Small per-row arrays therefore get 64-row chunks
+  and big ones (attention maps) 8-row chunks. Capping at 64 rows keeps every chunk boundary on a
+  64-row grid, so a loader block of any multiple of 64 rows is aligned for every array.
+* Sequence axes are padded to ``L = max_seq_len`` (pooled: ``ceil(L / pool)``); ``length`` (N,)
+  int32 holds the real token count so readers can crop or mask.
+* ``attn_scores/L{j}`` marks masked (padding) query/key positions with :data:`ATTN_MASKED`
+  (float16 ``-inf``), which is also the array's fill value. ``-inf`` rather than a finite sentinel
+  such as -65504 because (1) no finite teacher score can collide with it, (2) ``softmax`` of the
+  stored scores is then exactly the teacher's masked attention (exp(-inf) = 0), and (3) a loss that
+  forgets to mask turns into ``inf``/``nan`` at once instead of a silently huge but finite error.
+  The mask is recoverable as ``isfinite(scores)`` or from ``length``.
+* ``mlm/positions`` (N, M) holds the token position of each of the M top-k slots, ``-1`` for unused
+  slots (rows with fewer than M masked tokens); the other ``mlm/*`` arrays hold fill values there.
+
+Limits: ``N * prod(row shape)`` is unbounded (hundreds of GB is fine), but one shard of every
+array is held in memory while it is written (:mod:`distillpipe.store.writer`), so ``shard_rows``
+must be chosen so that a shard fits in RAM (e.g. attention probabilities of BERT-Large at L=384
+are 4.7 MB/row/layer: 1,024 rows is 4.8 GB per layer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+TASKS = ("none", "classification", "qa")
+ATTN_MASKED = np.float16(-np.inf)
+"""Value stored at masked (padding) positions of ``attn_scores/L{j}``; see the module docstring."""
+MLM_UNUSED_POSITION = -1
+"""Value of ``mlm/positions`` for top-k slots beyond the row's number of masked tokens."""
+TARGET_CHUNK_BYTES = 4 * 2**20
+MIN_CHUNK_ROWS = 8
+MAX_CHUNK_ROWS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignalSpec:
+    """Which teacher signals a store caches, and the sizes that fix their shapes."""
+
+    max_seq_len: int
+    """L: token sequence length that per-token arrays are padded to."""
+    pool: int
+    """p: hidden states are average-pooled p x along the sequence, attention scores max-pooled
+    p x p. 1 = no pooling (MiniALBERT uses unpooled maps)."""
+    task: str
+    """'none' (general distillation), 'classification' (``logits`` (N, C)) or 'qa'
+    (``start_logits``/``end_logits`` (N, L))."""
+    n_classes: int
+    """C for task='classification' (regression is cast to classes upstream); 0 otherwise."""
+    vocab_size: int
+    """Teacher vocabulary size; picks the dtype of ``mlm/topk_ids``."""
+    mlm_topk: int
+    """k: MLM logits kept per masked position (0 = no MLM signal, e.g. no MLM head)."""
+    mlm_max_masked: int
+    """M: most masked positions in any row; 0 when mlm_topk is 0."""
+    hidden_layers: tuple[int, ...]
+    """Layers j whose hidden states are cached as ``hidden/L{j}``; strictly increasing."""
+    hidden_size: int
+    """d: teacher hidden size."""
+    attn_layers: tuple[int, ...]
+    """Layers j whose pre-softmax attention scores are cached as ``attn_scores/L{j}``."""
+    n_heads: int
+    """H: teacher attention heads."""
+    attn_probs_layers: tuple[int, ...]
+    """Layers j whose attention probabilities (unpooled) are cached as ``attn_probs/L{j}``."""
+    embedding_size: int
+    """e: width of the cached embedding-layer output ``embeddings`` (N, L, e); 0 = not cached."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_layers", "attn_layers", "attn_probs_layers"):
+            value = tuple(int(j) for j in getattr(self, name))
+            object.__setattr__(self, name, value)
+            if any(j < 0 for j in value) or list(value) != sorted(set(value)):
+                raise ValueError(f"SignalSpec.{name} must be strictly increasing layer indices >= 0, got {value}")
+        for name in ("max_seq_len", "pool", "vocab_size", "hidden_size", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SignalSpec.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("n_classes", "mlm_topk", "mlm_max_masked", "embedding_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SignalSpec.{name} must be >= 0, got {getattr(self, name)}")
+        if self.task not in TASKS:
+            raise ValueError(f"SignalSpec.task must be one of {TASKS}, got {self.task!r}")
+        if (self.task == "classification") != (self.n_classes > 0):
+            raise ValueError(
+                f"SignalSpec.n_classes must be > 0 exactly when task='classification' "
+                f"(task={self.task!r}, n_classes={self.n_classes})"
+            )
+        if (self.mlm_topk > 0) != (self.mlm_max_masked > 0):
+            raise ValueError(
+                f"SignalSpec.mlm_topk and mlm_max_masked must both be 0 (no MLM) or both > 0, "
+                f"got mlm_topk={self.mlm_topk}, mlm_max_masked={self.mlm_max_masked}"
+            )
+        if self.mlm_topk > self.vocab_size:
+            raise ValueError(f"SignalSpec.mlm_topk={self.mlm_topk} exceeds vocab_size={self.vocab_size}")
+        if self.mlm_max_masked > self.max_seq_len:
+            raise ValueError(f"SignalSpec.mlm_max_masked={self.mlm_max_masked} exceeds max_seq_len={self.max_seq_len}")
+
+    @property
+    def pooled_len(self) -> int:
+        """ceil(L / p): length of pooled sequence axes."""
+        return math.ceil(self.max_seq_len / self.pool)
+
+    @property
+    def mlm_ids_dtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.vocab_size < 2**16 else np.dtype(np.int32)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in ("hidden_layers", "attn_layers", "attn_probs_layers"):
+            d[name] = list(d[name])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SignalSpec:
+        names = {f.name for f in fields(cls)}
+        unknown, missing = sorted(set(d) - names), sorted(names - set(d))
+        if unknown or missing:
+            raise ValueError(f"signal spec: unknown keys {unknown}, missing keys {missing}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One Zarr array of a store: row axis first, sharded along rows only."""
+
+    name: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    shards: tuple[int, ...]
+    dtype: np.dtype
+    fill_value: Any
+    dimension_names: tuple[str, ...]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_nbytes(self) -> int:
+        return math.prod(self.row_shape) * self.dtype.itemsize
+
+    @property
+    def chunk_rows(self) -> int:
+        return self.chunks[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Uncompressed size of the whole array."""
+        return self.shape[0] * self.row_nbytes
+
+
+def chunk_rows_for(row_nbytes: int, shard_rows: int) -> int:
+    """Rows per inner chunk: the largest power of two in [8, 64] dividing ``shard_rows`` whose
+    chunk stays under TARGET_CHUNK_BYTES (at least 8 rows however big a row is). When
+    ``shard_rows`` is not a multiple of 8 the largest power of two dividing it is used."""
+    rows = MAX_CHUNK_ROWS
+    while rows > MIN_CHUNK_ROWS and rows * row_nbytes > TARGET_CHUNK_BYTES:
+        rows //= 2
+    while shard_rows % rows:
+        rows //= 2
+    return rows
+
+
+def _row_arrays(spec: SignalSpec) -> list[tuple[str, tuple[int, ...], np.dtype, Any, tuple[str, ...]]]:
+    """(name, row shape, dtype, fill value, dimension names without 'row') for every array."""
+    L, Lp, H = spec.max_seq_len, spec.pooled_len, spec.n_heads
+    f16, f32 = np.dtype(np.float16), np.dtype(np.float32)
+    out: list[tuple[str, tuple[int, ...], np.dtype, Any, tuple[str, ...]]] = [
+        ("row_index", (), np.dtype(np.int64), 0, ()),
+        ("length", (), np.dtype(np.int32), 0, ()),
+    ]
+    if spec.task == "classification":
+        out.append(("logits", (spec.n_classes,), f16, 0.0, ("class",)))
+    elif spec.task == "qa":
+        out.append(("start_logits", (L,), f16, 0.0, ("pos",)))
+        out.append(("end_logits", (L,), f16, 0.0, ("pos",)))
+    if spec.mlm_topk:
+        M, k = spec.mlm_max_masked, spec.mlm_topk
+        pos_dtype = np.dtype(np.int16) if L < 2**15 else np.dtype(np.int32)
+        out.append(("mlm/positions", (M,), pos_dtype, MLM_UNUSED_POSITION, ("slot",)))
+        out.append(("mlm/topk_ids", (M, k), spec.mlm_ids_dtype, 0, ("slot", "rank")))
+        out.append(("mlm/topk_logits", (M, k), f16, 0.0, ("slot", "rank")))
+        out.append(("mlm/logsumexp", (M,), f32, 0.0, ("slot",)))
+    for j in spec.hidden_layers:
+        out.append((f"hidden/L{j}", (Lp, spec.hidden_size), f16, 0.0, ("pos", "feature")))
+    for j in spec.attn_layers:
+        out.append((f"attn_scores/L{j}", (H, Lp, Lp), f16, float(ATTN_MASKED), ("head", "query", "key")))
+    for j in spec.attn_probs_layers:
+        out.append((f"attn_probs/L{j}", (H, L, L), f16, 0.0, ("head", "query", "key")))
+    if spec.embedding_size:
+        out.append(("embeddings", (L, spec.embedding_size), f16, 0.0, ("pos", "feature")))
+    return out
+
+
+def array_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySpec]:
+    """Every array of a store for ``spec`` with ``n_rows`` rows sharded every ``shard_rows`` rows,
+    in a fixed order (also the order in which a shard's arrays are written)."""
+    if n_rows < 0 or shard_rows < 1:
+        raise ValueError(f"need n_rows >= 0 and shard_rows >= 1, got n_rows={n_rows}, shard_rows={shard_rows}")
+    layout = []
+    for name, row_shape, dtype, fill, dims in _row_arrays(spec):
+        row_nbytes = math.prod(row_shape) * dtype.itemsize
+        rows = chunk_rows_for(row_nbytes, shard_rows)
+        layout.append(
+            ArraySpec(
+                name=name,
+                shape=(n_rows, *row_shape),
+                chunks=(rows, *row_shape),
+                shards=(shard_rows, *row_shape),
+                dtype=dtype,
+                fill_value=fill,
+                dimension_names=("row", *dims),
+            )
+        )
+    return layout

@@ -1,0 +1,335 @@
+"""Writing a teacher-cache store: create or resume it, write shards, finalize.
+
+Division of labour (so shards can be fanned out over processes or dask workers):
+
+* the **driver** calls :func:`create_or_resume` once, before any shard is written: it creates the
+  store, or resumes it (keeps verified shards, removes ``*.partial`` leftovers, un-marks damaged
+  shards), or rebuilds it when the params or inputs changed. It alone writes the manifest.
+* a **shard writer** (the driver itself or any worker process) calls the self-contained
+  :func:`write_shard` ``(store_path, shard_index, arrays)``: it writes that shard's file of every
+  array and then its completion marker (:mod:`distillpipe.store.shards`). Writers of different
+  shards never touch the same file, so they can run concurrently; two writers of the *same* shard
+  must never run at once (Zarr would interleave their bytes).
+* the driver folds markers into ``completed_shards`` (:meth:`StoreWriter.record` /
+  :meth:`StoreWriter.refresh`) and finally calls :meth:`StoreWriter.finalize`.
+
+A shard is written whole from memory (all its rows of all arrays are passed at once) and Zarr
+encodes each shard file in one piece, so the bytes of a shard depend only on its data: a run that
+was killed and resumed produces the same files as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec
+
+from distillpipe.store.manifest import Manifest, StoreIncomplete, diff_manifests
+from distillpipe.store.schema import ArraySpec, array_layout
+from distillpipe.store.shards import (
+    build_marker,
+    marked_shards,
+    remove_partials,
+    remove_shard,
+    tree_bytes,
+    verify_shards,
+    write_marker,
+)
+
+log = logging.getLogger(__name__)
+
+MANIFEST_KEY = "manifest"
+CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
+BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "zstd", 3, "shuffle"
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """One-line summary of a finished store."""
+
+    rows: int
+    shards: int
+    bytes_on_disk: int
+    bytes_per_row: float
+    rows_written: int
+    """Rows written since this writer was opened (the rest were kept from an earlier run)."""
+    seconds: float
+    """Seconds since this writer was opened."""
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_written / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.rows:,} rows in {self.shards} shards, {self.bytes_on_disk / 2**20:,.1f} MiB on disk, "
+            f"{self.bytes_per_row:,.0f} bytes/row; {self.rows_written:,} rows written in {self.seconds:,.1f} s "
+            f"({self.rows_per_s:,.0f} rows/s)"
+        )
+
+
+class StoreWriter:
+    """Driver-side handle on a store being built. Create it with :func:`create_or_resume`.
+
+    Not thread-safe: call ``record``/``refresh``/``finalize`` from one thread (shard writes
+    themselves may run anywhere, see :func:`write_shard`)."""
+
+    def __init__(self, root: Path, manifest: Manifest):
+        self.root = root
+        self.manifest = manifest
+        self.layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+        self._group = zarr.open_group(str(root), mode="r+")
+        self._opened = time.perf_counter()
+        self._kept = set(manifest.completed_shards)
+
+    @property
+    def path(self) -> Path:
+        return self.root
+
+    def pending_shards(self) -> list[int]:
+        """Shards not yet recorded as complete, ascending."""
+        done = set(self.manifest.completed_shards)
+        return [i for i in range(self.manifest.n_shards) if i not in done]
+
+    def write_shard(
+        self,
+        i: int,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        on_array_written: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """Write shard ``i`` in this process (see :func:`write_shard`) and record it complete."""
+        write_shard(self.root, i, arrays, on_array_written=on_array_written)
+        self.record([i])
+
+    def record(self, shards: list[int]) -> None:
+        """Add ``shards`` (whose markers a writer has written) to the manifest's completed shards."""
+        done = set(self.manifest.completed_shards) | {int(i) for i in shards}
+        self._save(self.manifest.with_completed(done))
+
+    def refresh(self) -> list[int]:
+        """Fold every marker on disk into the manifest (after remote writers finished shards);
+        returns the shards newly recorded. Markers are trusted here: they are only written after
+        their data, and they are checked against the files at the next resume."""
+        found = marked_shards(self.root, self.manifest.n_shards)
+        new = sorted(set(found) - set(self.manifest.completed_shards))
+        if new:
+            self.record(new)
+        return new
+
+    def finalize(self) -> StoreSummary:
+        """Check that every shard is complete, write the final manifest, log and return a summary."""
+        self.refresh()
+        if not self.manifest.complete:
+            raise StoreIncomplete(str(self.root), len(self.manifest.completed_shards), self.manifest.n_shards)
+        self._save(self.manifest)
+        size = tree_bytes(self.root)
+        summary = StoreSummary(
+            rows=self.manifest.n_rows,
+            shards=self.manifest.n_shards,
+            bytes_on_disk=size,
+            bytes_per_row=size / max(1, self.manifest.n_rows),
+            rows_written=sum(b - a for i in range(self.manifest.n_shards) if i not in self._kept
+                             for a, b in [self.manifest.shard_rows_range(i)]),
+            seconds=time.perf_counter() - self._opened,
+        )  # fmt: skip
+        log.info("teacher cache %s complete: %s", self.root, summary)
+        return summary
+
+    def _save(self, manifest: Manifest) -> None:
+        self._group.attrs[MANIFEST_KEY] = manifest.to_dict()
+        self.manifest = manifest
+
+
+def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = True) -> StoreWriter:
+    """Open the store at ``path`` for writing ``manifest``'s cache, keeping any verified progress.
+
+    * no store yet: create it (every array, empty);
+    * a store whose manifest identity (see :mod:`distillpipe.store.manifest`) and array layout
+      equal the new ones: resume. ``*.partial`` leftovers are removed, every marked shard is checked
+      against its marker (sha256 of every file when ``checksum``, else sizes only; hashing a
+      hundreds-of-GB store takes minutes) and a damaged shard is logged, un-marked and left pending;
+    * a store built from other params or inputs: log a WARNING naming the differing fields and
+      rebuild it from empty.
+
+    Must not run while shard writers are active (it deletes their temp files). ``manifest``'s own
+    ``completed_shards`` is ignored; progress comes from the markers on disk.
+    """
+    root = Path(path)
+    manifest = manifest.with_completed(())
+    old = _existing_manifest(root)
+    if old is not None:
+        differences = diff_manifests(manifest.to_dict(), old.to_dict(), subset=False)
+        differences_text = "; ".join(str(d) for d in differences) or _layout_differences(root, manifest)
+        if differences_text:
+            log.warning(
+                "params or inputs changed: rebuilding the teacher cache %s (%s)", root, differences_text
+            )
+            old = None
+    if old is None:
+        if root.exists():
+            shutil.rmtree(root)
+        _create(root, manifest)
+        log.info("created teacher cache %s: %d rows in %d shards", root, manifest.n_rows, manifest.n_shards)
+        return StoreWriter(root, manifest)
+    return _resume(root, manifest, old, checksum=checksum)
+
+
+def write_shard(
+    store_path: str | Path,
+    shard_index: int,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    on_array_written: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
+    """Write every array of shard ``shard_index`` and then its completion marker; returns the marker.
+
+    Self-contained (needs only the path), so it can run in any process, e.g. one dask task per
+    shard. ``arrays`` maps each array name of the store's layout to that shard's rows
+    ``[i * shard_rows, min(N, (i + 1) * shard_rows))``; floats are cast to the stored float dtype
+    (float32 -> float16), integers to the stored integer dtype when every value fits (int32 ids ->
+    uint16), anything else is refused. ``on_array_written(name,
+    nbytes)`` is called after each array (progress bars). Holds the shard in memory twice at most
+    (the input and Zarr's encoded shard). Any old marker and files of the shard are removed first,
+    so a killed writer leaves the shard pending.
+    """
+    root = Path(store_path)
+    group = zarr.open_group(str(root), mode="r+")
+    manifest = Manifest.from_dict(group.attrs[MANIFEST_KEY])
+    layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+    start, stop = manifest.shard_rows_range(int(shard_index))
+    data = _checked_arrays(layout, arrays, start, stop, manifest.signals.max_seq_len, shard_index)
+    remove_shard(root, layout, shard_index)
+    for spec in layout:
+        group[spec.name][start:stop] = data[spec.name]
+        if on_array_written is not None:
+            on_array_written(spec.name, data[spec.name].nbytes)
+    marker = build_marker(root, layout, shard_index, (start, stop))
+    write_marker(root, marker)
+    log.debug("shard %d (rows %d-%d) written", shard_index, start, stop)
+    return marker
+
+
+def _checked_arrays(
+    layout: list[ArraySpec], arrays: Mapping[str, np.ndarray], start: int, stop: int, max_len: int, i: int
+) -> dict[str, np.ndarray]:
+    names = [s.name for s in layout]
+    missing, extra = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
+    if missing or extra:
+        raise ValueError(f"shard {i}: arrays missing {missing}, not in the store's layout {extra}")
+    out = {}
+    for spec in layout:
+        a = np.asarray(arrays[spec.name])
+        want = (stop - start, *spec.row_shape)
+        if a.shape != want:
+            raise ValueError(f"shard {i}: {spec.name} has shape {a.shape}, expected {want} (rows {start}-{stop})")
+        if a.dtype != spec.dtype:
+            a = _cast(a, spec.dtype, f"shard {i}: {spec.name}")
+        out[spec.name] = np.ascontiguousarray(a)
+    length = out["length"]
+    if length.size and (length.min() < 0 or length.max() > max_len):
+        raise ValueError(f"shard {i}: length must lie in [0, {max_len}], got {length.min()}..{length.max()}")
+    return out
+
+
+def _cast(a: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """Floats to the stored float dtype (float32 -> float16); integers to the stored integer dtype
+    (int32 ids -> uint16) only when every value fits, so nothing wraps around silently."""
+    if a.dtype.kind in "iu" and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if a.size and (a.min() < info.min or a.max() > info.max):
+            raise ValueError(f"{what} has values {a.min()}..{a.max()} that do not fit the stored {dtype}")
+        return a.astype(dtype)
+    if a.dtype.kind == "f" and dtype.kind == "f":
+        return a.astype(dtype)
+    raise TypeError(f"{what} has dtype {a.dtype}, the store holds {dtype}")
+
+
+def _create(root: Path, manifest: Manifest) -> None:
+    """Create the group and every array; the manifest goes in last, so a store without one is a
+    creation that was interrupted."""
+    root.mkdir(parents=True, exist_ok=True)
+    group = zarr.open_group(str(root), mode="w")
+    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
+        group.create_array(
+            spec.name,
+            shape=spec.shape,
+            chunks=spec.chunks,
+            shards=spec.shards,
+            dtype=spec.dtype,
+            compressors=BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE),
+            fill_value=spec.fill_value,
+            chunk_key_encoding=CHUNK_KEY_ENCODING,
+            dimension_names=spec.dimension_names,
+        )
+    group.attrs[MANIFEST_KEY] = manifest.to_dict()
+
+
+def _existing_manifest(root: Path) -> Manifest | None:
+    """The manifest of the store at ``root``; None when there is nothing to resume (absent,
+    empty, or a creation that was interrupted). Refuses to delete a folder that is not a store."""
+    if not root.exists():
+        return None
+    if not root.is_dir():
+        raise FileExistsError(f"{root} exists and is not a folder; delete it or choose another teacher cache path")
+    if not (root / "zarr.json").is_file():
+        leftovers = [p.name for p in root.iterdir() if not p.name.endswith(".partial")]
+        if leftovers:
+            raise FileExistsError(
+                f"{root} exists, is not a teacher cache (no zarr.json) and is not empty ({leftovers[:5]}); "
+                "delete it or choose another path"
+            )
+        return None
+    try:
+        attrs = zarr.open_group(str(root), mode="r").attrs.asdict()
+        return Manifest.from_dict(attrs[MANIFEST_KEY])
+    except (KeyError, ValueError, TypeError) as e:  # unparseable metadata or manifest: rebuilt, saying why
+        log.warning("teacher cache %s has no readable manifest (%s: %s); rebuilding it", root, type(e).__name__, e)
+        return None
+
+
+def _layout_differences(root: Path, manifest: Manifest) -> str:
+    """Arrays whose metadata on disk differ from the layout ``manifest`` implies ('' = none)."""
+    group = zarr.open_group(str(root), mode="r")
+    problems = []
+    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
+        try:
+            a = group[spec.name]
+        except KeyError:
+            problems.append(f"{spec.name}: missing")
+            continue
+        have = (tuple(a.shape), tuple(a.chunks), tuple(a.shards or ()), np.dtype(a.dtype))
+        if have != (spec.shape, spec.chunks, spec.shards, spec.dtype):
+            problems.append(f"{spec.name}: shape/chunks/shards/dtype {have} on disk, layout wants "
+                            f"{(spec.shape, spec.chunks, spec.shards, spec.dtype)}")  # fmt: skip
+    return "; ".join(problems)
+
+
+def _resume(root: Path, manifest: Manifest, old: Manifest, *, checksum: bool) -> StoreWriter:
+    removed = remove_partials(root)
+    if removed:
+        log.info("teacher cache %s: removed %d stray *.partial file(s) of interrupted writes", root, len(removed))
+    layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+    marked = marked_shards(root, manifest.n_shards)
+    good, bad = verify_shards(root, layout, marked, checksum=checksum)
+    for i, problems in bad.items():
+        log.warning("teacher cache %s: shard %d is damaged, recomputing it: %s", root, i, "; ".join(problems))
+        remove_shard(root, layout, i)
+    lost = sorted(set(old.completed_shards) - set(good) - set(bad))
+    if lost:
+        log.warning("teacher cache %s: shards %s were recorded complete but lack a marker; recomputing", root, lost)
+    writer = StoreWriter(root, manifest.with_completed(good))
+    writer._save(writer.manifest)
+    log.info(
+        "resuming teacher cache %s: %d of %d shards complete, %d to write",
+        root, len(good), manifest.n_shards, manifest.n_shards - len(good),
+    )  # fmt: skip
+    return writer

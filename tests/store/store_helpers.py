@@ -1,0 +1,125 @@
+"""Tiny store specs and deterministic random shard data for the store tests.
+
+Also a script, so tests can write shards in real subprocesses (killed with SIGKILL, or several
+concurrent writers):
+
+    python store_helpers.py write  <store> <N> <shard_rows> [<kill_shard> <kill_after_array>]
+    python store_helpers.py worker <store> <shard> [<shard> ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from distillpipe.store import ATTN_MASKED, MLM_UNUSED_POSITION, Manifest, SignalSpec, TeacherInfo, array_layout
+
+HERE = Path(__file__).resolve().parent
+
+
+def tiny_spec(**overrides) -> SignalSpec:
+    fields = dict(
+        max_seq_len=16, pool=4, task="classification", n_classes=3, vocab_size=100, mlm_topk=5,
+        mlm_max_masked=3, hidden_layers=(1, 3), hidden_size=8, attn_layers=(2,), n_heads=2,
+        attn_probs_layers=(2,), embedding_size=4,
+    )  # fmt: skip
+    fields.update(overrides)
+    return SignalSpec(**fields)
+
+
+def tiny_manifest(n_rows: int = 500, shard_rows: int = 128, **overrides) -> Manifest:
+    teacher = overrides.pop("teacher", None) or TeacherInfo(
+        name="tiny-bert", weights_sha256="a" * 64, tokenizer_sha256="3fa2" + "0" * 60,
+        config={"num_hidden_layers": 4, "hidden_size": 8},
+    )  # fmt: skip
+    return Manifest(
+        teacher=teacher,
+        tokens_fingerprint=overrides.pop("tokens_fingerprint", "tok-fp-1"),
+        signals=overrides.pop("signals", None) or tiny_spec(),
+        n_rows=n_rows,
+        shard_rows=shard_rows,
+    )
+
+
+def row_index_of(rows: np.ndarray) -> np.ndarray:
+    """Store row -> tokens row: distinct from the store row so tests can tell them apart."""
+    return 1000 + 3 * rows.astype(np.int64)
+
+
+def shard_arrays(manifest: Manifest, i: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Deterministic random data for every array of shard i (a pure function of manifest, i, seed)."""
+    start, stop = manifest.shard_rows_range(i)
+    n = stop - start
+    spec = manifest.signals
+    rng = np.random.default_rng([seed, i])
+    length = rng.integers(4, spec.max_seq_len + 1, size=n).astype(np.int32)
+    out: dict[str, np.ndarray] = {}
+    for a in array_layout(spec, manifest.n_rows, manifest.shard_rows):
+        shape = (n, *a.row_shape)
+        if a.name == "row_index":
+            out[a.name] = row_index_of(np.arange(start, stop))
+        elif a.name == "length":
+            out[a.name] = length
+        elif a.name == "mlm/positions":
+            pos = np.sort(rng.integers(0, spec.max_seq_len, size=shape), axis=1).astype(a.dtype)
+            pos[rng.random(shape) < 0.2] = MLM_UNUSED_POSITION
+            out[a.name] = pos
+        elif a.name == "mlm/topk_ids":
+            out[a.name] = rng.integers(0, spec.vocab_size, size=shape).astype(a.dtype)
+        elif a.name.startswith("attn_scores/"):
+            x = rng.standard_normal(shape).astype(np.float16)
+            lp = -(-length // spec.pool)  # pooled real length per row
+            pos = np.arange(spec.pooled_len)
+            masked = pos[None, :] >= lp[:, None]  # (n, Lp)
+            out[a.name] = np.where(masked[:, None, :, None] | masked[:, None, None, :], ATTN_MASKED, x)
+        else:
+            out[a.name] = (rng.standard_normal(shape) * 3).astype(a.dtype)
+    return out
+
+
+def full_arrays(manifest: Manifest, seed: int = 0) -> dict[str, np.ndarray]:
+    """All shards' data concatenated: the reference a store must read back."""
+    parts = [shard_arrays(manifest, i, seed) for i in range(manifest.n_shards)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    """Every file under root, by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _main(argv: list[str]) -> None:
+    from distillpipe.store import create_or_resume, write_shard
+
+    mode, store = argv[0], Path(argv[1])
+    if mode == "write":
+        manifest = tiny_manifest(int(argv[2]), int(argv[3]))
+        kill_shard, kill_after = (int(argv[4]), argv[5]) if len(argv) > 4 else (-1, "")
+        writer = create_or_resume(store, manifest)
+        pending = writer.pending_shards()
+        print(json.dumps({"pending": pending}), flush=True)
+        for i in pending:
+
+            def maybe_die(name: str, nbytes: int, i: int = i) -> None:
+                if i == kill_shard and name == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            writer.write_shard(i, shard_arrays(manifest, i), on_array_written=maybe_die)
+        writer.finalize()
+    elif mode == "worker":
+        from distillpipe.store import open_store
+
+        manifest = open_store(store, allow_incomplete=True).manifest
+        for i in map(int, argv[2:]):
+            write_shard(store, i, shard_arrays(manifest, i))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,83 @@
+"""Schema: array names, shapes, dtypes and chunking implied by a SignalSpec."""
+
+import numpy as np
+import pytest
+from store_helpers import tiny_spec
+
+from distillpipe.store import ATTN_MASKED, SignalSpec, array_layout
+from distillpipe.store.schema import MAX_CHUNK_ROWS, MIN_CHUNK_ROWS, TARGET_CHUNK_BYTES
+
+
+def test_layout_shapes_and_dtypes_of_every_signal():
+    spec = tiny_spec(max_seq_len=18, pool=4)  # Lp = ceil(18 / 4) = 5
+    layout = {a.name: a for a in array_layout(spec, n_rows=70, shard_rows=32)}
+    expected = {
+        "row_index": ((70,), np.int64),
+        "length": ((70,), np.int32),
+        "logits": ((70, 3), np.float16),
+        "mlm/positions": ((70, 3), np.int16),
+        "mlm/topk_ids": ((70, 3, 5), np.uint16),
+        "mlm/topk_logits": ((70, 3, 5), np.float16),
+        "mlm/logsumexp": ((70, 3), np.float32),
+        "hidden/L1": ((70, 5, 8), np.float16),
+        "hidden/L3": ((70, 5, 8), np.float16),
+        "attn_scores/L2": ((70, 2, 5, 5), np.float16),
+        "attn_probs/L2": ((70, 2, 18, 18), np.float16),
+        "embeddings": ((70, 18, 4), np.float16),
+    }
+    assert list(layout) == list(expected)
+    for name, (shape, dtype) in expected.items():
+        a = layout[name]
+        assert a.shape == shape and a.dtype == np.dtype(dtype), name
+        assert a.shards == (32, *shape[1:]), name  # sharded along rows only
+        assert a.chunks[1:] == shape[1:] and 32 % a.chunks[0] == 0, name
+    assert np.isneginf(layout["attn_scores/L2"].fill_value) and np.isneginf(ATTN_MASKED)
+    assert layout["mlm/positions"].fill_value == -1
+
+
+def test_qa_no_mlm_and_large_vocab():
+    spec = tiny_spec(task="qa", n_classes=0, mlm_topk=0, mlm_max_masked=0, attn_probs_layers=(), embedding_size=0)
+    names = [a.name for a in array_layout(spec, 10, 8)]
+    assert names == ["row_index", "length", "start_logits", "end_logits", "hidden/L1", "hidden/L3", "attn_scores/L2"]
+    assert {a.name: a.shape for a in array_layout(spec, 10, 8)}["start_logits"] == (10, 16)
+    assert tiny_spec(vocab_size=65535).mlm_ids_dtype == np.uint16
+    assert tiny_spec(vocab_size=65536).mlm_ids_dtype == np.int32
+    big = {a.name: a for a in array_layout(tiny_spec(vocab_size=250_002), 10, 8)}
+    assert big["mlm/topk_ids"].dtype == np.int32
+
+
+def test_chunk_rows_follow_row_bytes():
+    # BERT-Large-like: attention probs 16 x 384 x 384 fp16 = 4.7 MB/row -> the 8-row minimum;
+    # hidden 96 x 1024 fp16 = 196 KB/row -> 16 rows (3 MB <= 4 MiB); logits -> 64 rows.
+    spec = tiny_spec(max_seq_len=384, pool=4, hidden_size=1024, n_heads=16, hidden_layers=(12,), attn_layers=(12,),
+                     attn_probs_layers=(12,))  # fmt: skip
+    layout = {a.name: a for a in array_layout(spec, 5000, 1024)}
+    assert layout["attn_probs/L12"].chunk_rows == MIN_CHUNK_ROWS
+    assert layout["hidden/L12"].chunk_rows == 16
+    assert layout["logits"].chunk_rows == MAX_CHUNK_ROWS
+    for a in layout.values():
+        assert a.chunk_rows * a.row_nbytes <= TARGET_CHUNK_BYTES or a.chunk_rows == MIN_CHUNK_ROWS
+    # shard_rows not a multiple of 64: chunks still divide the shard
+    assert all(100 % a.chunk_rows == 0 for a in array_layout(spec, 5000, 100))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"hidden_layers": (3, 1)}, "strictly increasing"),
+        ({"task": "classification", "n_classes": 0}, "n_classes"),
+        ({"task": "regression"}, "task"),
+        ({"mlm_topk": 5, "mlm_max_masked": 0}, "mlm_max_masked"),
+        ({"pool": 0}, "pool"),
+    ],
+)
+def test_spec_validation(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_spec(**overrides)
+
+
+def test_spec_dict_round_trip():
+    spec = tiny_spec()
+    assert SignalSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match="unknown keys"):
+        SignalSpec.from_dict({**spec.to_dict(), "colour": 1})

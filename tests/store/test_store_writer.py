@@ -1,0 +1,182 @@
+"""Writer: round trip, SIGKILL + resume byte-identity, damaged shards, concurrent writers, rebuilds."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from store_helpers import HERE, full_arrays, shard_arrays, tiny_manifest, tree_files
+
+from distillpipe.store import StoreIncomplete, create_or_resume, open_store, write_shard
+from distillpipe.store.shards import marked_shards
+
+HELPER = str(HERE / "store_helpers.py")
+N, SHARD_ROWS = 500, 128
+
+
+def _run_helper(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, HELPER, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _stats(root: Path, shards: list[int]) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every data file of ``shards``: unchanged iff the file was not rewritten."""
+    out = {}
+    for p in root.rglob("*"):
+        parts = p.relative_to(root).parts
+        if p.is_file() and "c" in parts and int(parts[parts.index("c") + 1]) in shards:
+            out[str(p)] = (p.stat().st_ino, p.stat().st_mtime_ns)
+    return out
+
+
+def test_round_trip_reads_back_what_was_written(reference_store):
+    store = open_store(reference_store, tiny_manifest())
+    ref = full_arrays(store.manifest)
+    got = store.read(store.arrays, 0, N)
+    for name in store.arrays:
+        assert got[name].dtype == ref[name].dtype and np.array_equal(got[name], ref[name]), name
+    part = store.read(["hidden/L1", "row_index"], 120, 260)  # across two shard boundaries
+    assert np.array_equal(part["hidden/L1"], ref["hidden/L1"][120:260])
+    assert store.manifest.completed_shards == (0, 1, 2, 3)
+    assert store.verify() == {}
+
+
+def test_sigkill_mid_shard_then_resume_is_byte_identical(reference_store, tmp_path, caplog):
+    path = tmp_path / "s.zarr"
+    # The writer kills itself inside shard 2, right after writing its hidden/L1 file.
+    proc = _run_helper("write", path, N, SHARD_ROWS, 2, "hidden/L1")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert marked_shards(path, 4) == [0, 1]
+    assert (path / "hidden/L1/c/2/0/0").is_file() and not (path / "embeddings/c/2/0/0").exists()
+    with pytest.raises(StoreIncomplete, match="2 of 4 shards complete; run `dvc repro teacher_cache`"):
+        open_store(path)
+    # leftovers of writes killed mid-file (Zarr and the markers write *.partial, then rename)
+    (path / "hidden/L1/c/2/0/0.4f2a9c.partial").write_bytes(b"half a shard")
+    (path / "shards_done/2.json.77aa.partial").write_text("{")
+    (path / "tmpdir.partial").mkdir()
+    before = _stats(path, [0, 1])
+
+    manifest = tiny_manifest()
+    with caplog.at_level(logging.INFO, logger="distillpipe.store"):
+        writer = create_or_resume(path, manifest)
+    assert "removed 3 stray *.partial" in caplog.text
+    assert not [p for p in path.rglob("*") if p.name.endswith(".partial")]
+    calls = []
+    for i in writer.pending_shards():
+        calls.append(i)
+        writer.write_shard(i, shard_arrays(manifest, i))
+    writer.finalize()
+
+    assert calls == [2, 3]  # only the shards that were not complete were recomputed
+    assert _stats(path, [0, 1]) == before  # ... and the complete ones were not rewritten
+    assert tree_files(path) == tree_files(reference_store)  # every file, markers and metadata included
+
+
+def test_damaged_shards_are_detected_and_recomputed(reference_store, store_copy, caplog):
+    manifest = tiny_manifest()
+    truncated = store_copy / "hidden/L3/c/1/0/0"
+    truncated.write_bytes(truncated.read_bytes()[:-7])
+    flipped = store_copy / "attn_probs/L2/c/3/0/0/0"  # same size, other bytes: only the checksum sees it
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    (store_copy / "logits/c/0/0").unlink()
+
+    with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
+        writer = create_or_resume(store_copy, manifest, checksum=False)
+    assert writer.pending_shards() == [0, 1]
+    assert "shard 0 is damaged" in caplog.text and "logits/c/0/0: missing" in caplog.text
+    assert "shard 1 is damaged" in caplog.text and "truncated" in caplog.text
+    assert open_store(store_copy, allow_incomplete=True).verify() == {
+        3: [f"attn_probs/L2/c/3/0/0/0: sha256 {_sha(flipped)[:12]}… differs from marker "
+            f"{_sha(reference_store / 'attn_probs/L2/c/3/0/0/0')[:12]}…"]
+    }  # fmt: skip
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
+        writer = create_or_resume(store_copy, manifest)  # checksums on: the flipped byte is found too
+    assert writer.pending_shards() == [0, 1, 3]
+    assert "shard 3 is damaged" in caplog.text and "sha256" in caplog.text
+    for i in writer.pending_shards():
+        writer.write_shard(i, shard_arrays(manifest, i))
+    writer.finalize()
+    assert tree_files(store_copy) == tree_files(reference_store)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_concurrent_writer_processes(reference_store, tmp_path):
+    path = tmp_path / "s.zarr"
+    writer = create_or_resume(path, tiny_manifest())  # the driver creates the store
+    procs = [
+        subprocess.Popen([sys.executable, HELPER, "worker", str(path), *shards], stderr=subprocess.PIPE, text=True)
+        for shards in (["0", "2"], ["3", "1"])
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    assert writer.pending_shards() == [0, 1, 2, 3]  # the driver has not folded the markers yet
+    assert writer.refresh() == [0, 1, 2, 3]
+    writer.finalize()
+    assert tree_files(path) == tree_files(reference_store)
+
+
+def test_params_change_rebuilds_with_warning(store_copy, caplog):
+    changed = tiny_manifest(tokens_fingerprint="tok-fp-2")
+    with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
+        writer = create_or_resume(store_copy, changed)
+    assert "params or inputs changed: rebuilding the teacher cache" in caplog.text
+    assert "tokens_fingerprint: cache has tok-fp-1, expected tok-fp-2" in caplog.text
+    assert writer.pending_shards() == [0, 1, 2, 3] and marked_shards(store_copy, 4) == []
+    assert not (store_copy / "logits/c/0/0").exists()
+
+
+def test_resume_of_complete_store_keeps_everything(reference_store, store_copy, caplog):
+    os.unlink(store_copy / "zarr.json")  # lose the driver's progress record entirely ...
+    with pytest.raises(FileExistsError, match="not a teacher cache"):
+        create_or_resume(store_copy, tiny_manifest())  # ... then it is not recognised: refuse, never delete
+    (store_copy / "zarr.json").write_bytes((reference_store / "zarr.json").read_bytes())
+    writer = create_or_resume(store_copy, tiny_manifest())
+    assert writer.pending_shards() == []
+    writer.finalize()
+    assert tree_files(store_copy) == tree_files(reference_store)
+
+
+def test_interrupted_creation_is_rebuilt(store_copy, caplog):
+    # a root group without a manifest: creation was killed before the manifest went in (it goes last)
+    (store_copy / "zarr.json").write_bytes((store_copy / "hidden/zarr.json").read_bytes())
+    with pytest.raises(ValueError, match="without a teacher-cache manifest"):
+        open_store(store_copy)
+    with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
+        writer = create_or_resume(store_copy, tiny_manifest())
+    assert "no readable manifest" in caplog.text and "rebuilding" in caplog.text
+    assert writer.pending_shards() == [0, 1, 2, 3]
+
+
+def test_write_shard_validates_its_input(tmp_path):
+    manifest = tiny_manifest()
+    path = tmp_path / "s.zarr"
+    create_or_resume(path, manifest)
+    arrays = shard_arrays(manifest, 3)
+    with pytest.raises(ValueError, match=r"arrays missing \['logits'\]"):
+        write_shard(path, 3, {k: v for k, v in arrays.items() if k != "logits"})
+    with pytest.raises(ValueError, match=r"hidden/L1 has shape \(128, 4, 8\), expected \(116, 4, 8\)"):
+        write_shard(path, 3, {**arrays, "hidden/L1": np.zeros((128, 4, 8), np.float16)})
+    with pytest.raises(TypeError, match="mlm/topk_ids has dtype float32"):
+        write_shard(path, 3, {**arrays, "mlm/topk_ids": arrays["mlm/topk_ids"].astype(np.float32)})
+    too_big = arrays["mlm/topk_ids"].astype(np.int32)
+    too_big[0, 0, 0] = 70_000
+    with pytest.raises(ValueError, match="mlm/topk_ids has values 0..70000 that do not fit the stored uint16"):
+        write_shard(path, 3, {**arrays, "mlm/topk_ids": too_big})
+    # float32 teacher outputs are cast to the stored float16, int32 ids/positions narrowed when they fit
+    wide = {"hidden/L1": np.float32, "mlm/topk_ids": np.int32, "mlm/positions": np.int32, "row_index": np.int32}
+    marker = write_shard(path, 3, {**arrays, **{k: arrays[k].astype(t) for k, t in wide.items()}})
+    assert marker["shard"] == 3 and marker["rows"] == [384, 500]
+    got = open_store(path, allow_incomplete=True).read(list(wide), 384, 500)
+    assert all(got[k].dtype == arrays[k].dtype and np.array_equal(got[k], arrays[k]) for k in wide)

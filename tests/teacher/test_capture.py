@@ -1,0 +1,233 @@
+"""Signal capture on tiny random BERTs, checked against the teacher's own outputs and manual math."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from _teacher_tiny import N_LAYERS, live_forward, make_rows, manual_scores, tiny_model
+from distillpipe.teacher import capture as capture_mod
+from distillpipe.teacher import CaptureRequest, capture_batch, collate, signal_names
+
+ALL = tuple(range(1, N_LAYERS + 1))
+F16 = dict(rtol=2e-3, atol=2e-3)  # float16 storage of O(1) values
+
+
+def request(**over):
+    kw = dict(logits=False, mlm_topk=0, hidden_layers=(), attn_layers=(), attn_probs_layers=(), pool=1,
+              embeddings=False)
+    kw.update(over)
+    return CaptureRequest(**kw)
+
+
+def hook_counts(model):
+    """Forward hooks per module (transformers installs its own output-capturing hooks once)."""
+    return [len(m._forward_hooks) for m in model.modules()]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return collate(make_rows([13, 9, 5, 2]), pad_id=0)
+
+
+def test_scores_equal_manual_qk_recomputation(tiny_teachers, batch):
+    model = tiny_teachers["base"]
+    out = capture_batch(model, batch, request(attn_layers=ALL))
+    live = live_forward(model, batch)
+    mask = batch["attention_mask"].bool()
+    pair = (mask[:, :, None] & mask[:, None, :])[:, None].expand(-1, model.config.num_attention_heads, -1, -1)
+    for j in ALL:
+        got = out[f"attn_scores/L{j}"]
+        ref = manual_scores(model, live.hidden_states, j)
+        assert got.dtype == torch.float16 and got.shape == ref.shape
+        torch.testing.assert_close(got[pair].float(), ref[pair], **F16)
+        assert torch.all(got[~pair] == float("-inf"))  # padded query or key: masked, not a number
+
+
+def test_softmax_of_scores_equals_eager_attentions(tiny_teachers, batch):
+    model = tiny_teachers["base"]
+    out = capture_batch(model, batch, request(attn_layers=ALL, attn_probs_layers=(2, 4)))
+    live = live_forward(model, batch)
+    q_valid = batch["attention_mask"].bool()[:, None, :, None]  # (B, 1, L, 1)
+    for j in ALL:
+        probs = torch.softmax(out[f"attn_scores/L{j}"].float(), dim=-1)  # -inf keys -> exactly 0
+        ref = live.attentions[j - 1]
+        torch.testing.assert_close(probs.masked_fill(~q_valid, 0), ref.masked_fill(~q_valid, 0), **F16)
+    for j in (2, 4):
+        got = out[f"attn_probs/L{j}"].float()
+        torch.testing.assert_close(got, live.attentions[j - 1].masked_fill(~q_valid, 0), rtol=2e-3, atol=1e-3)
+
+
+def test_hidden_and_embeddings_equal_output_hidden_states(tiny_teachers, batch):
+    model = tiny_teachers["base"]
+    live = live_forward(model, batch)
+    mask = batch["attention_mask"].bool()
+    out1 = capture_batch(model, batch, request(hidden_layers=(0, *ALL), embeddings=True))
+    out4 = capture_batch(model, batch, request(hidden_layers=(0, *ALL), pool=4))
+    torch.testing.assert_close(out1["embeddings"][mask].float(), live.hidden_states[0][mask], **F16)
+    for j in (0, *ALL):
+        ref = live.hidden_states[j]
+        torch.testing.assert_close(out1[f"hidden/L{j}"][mask].float(), ref[mask], **F16)
+        assert torch.all(out1[f"hidden/L{j}"][~mask] == 0)
+        # p = 4: the mean of the real tokens of each group of 4
+        L = ref.shape[1]
+        for b, n in enumerate(batch["lengths"].tolist()):
+            for a in range(math.ceil(L / 4)):
+                lo, hi = 4 * a, min(4 * a + 4, n)
+                expect = ref[b, lo:hi].mean(0) if hi > lo else torch.zeros(ref.shape[-1])
+                torch.testing.assert_close(out4[f"hidden/L{j}"][b, a].float(), expect, **F16)
+
+
+def test_task_logits(tiny_teachers, batch):
+    mask = batch["attention_mask"].bool()
+    cls = tiny_teachers["classification"]
+    out = capture_batch(cls, batch, request(logits=True))
+    torch.testing.assert_close(out["logits"].float(), live_forward(cls, batch).logits, **F16)
+    assert out["logits"].shape == (4, 3)
+    qa = tiny_teachers["qa"]
+    out = capture_batch(qa, batch, request(logits=True, hidden_layers=(N_LAYERS,)))
+    live = live_forward(qa, batch)
+    for name in ("start_logits", "end_logits"):
+        torch.testing.assert_close(out[name][mask].float(), getattr(live, name)[mask], **F16)
+        assert torch.all(out[name][~mask] == 0)
+    torch.testing.assert_close(out[f"hidden/L{N_LAYERS}"][mask].float(), live.hidden_states[-1][mask], **F16)
+
+
+def test_mlm_topk_and_logsumexp_at_masked_positions(tiny_teachers):
+    model = tiny_teachers["mlm"]
+    rows = make_rows([14, 9, 6], seed=3, n_masked=[3, 1, 0])
+    batch = collate(rows, pad_id=0)
+    k = 7
+    out = capture_batch(model, batch, request(mlm_topk=k))
+    full = live_forward(model, batch).logits  # (B, L, V): the reference the capture avoids computing
+    M = 3
+    assert out["mlm/topk_ids"].shape == (3, M, k) and out["mlm/topk_ids"].dtype == torch.int32
+    assert out["mlm/logsumexp"].dtype == torch.float32
+    for b, row in enumerate(rows):
+        pos = row["masked_positions"]
+        assert out["mlm/positions"][b].tolist() == pos + [-1] * (M - len(pos))
+        for m, t in enumerate(pos):
+            ref_vals, ref_ids = torch.topk(full[b, t], k)
+            assert out["mlm/topk_ids"][b, m].tolist() == ref_ids.tolist()
+            torch.testing.assert_close(out["mlm/topk_logits"][b, m].float(), ref_vals, **F16)
+            torch.testing.assert_close(out["mlm/logsumexp"][b, m], torch.logsumexp(full[b, t], -1), rtol=1e-5, atol=1e-5)
+        for m in range(len(pos), M):  # unused slots
+            assert not out["mlm/topk_ids"][b, m].any() and not out["mlm/topk_logits"][b, m].any()
+            assert out["mlm/logsumexp"][b, m] == 0
+
+
+@pytest.mark.parametrize("kind", ["mlm", "qa", "classification"])
+def test_row_signals_do_not_depend_on_batch_padding(tiny_teachers, kind):
+    model = tiny_teachers[kind]
+    mlm = kind == "mlm"
+    rows = make_rows([6, 17, 11], seed=5, n_masked=[2, 5, 3] if mlm else None)
+    req = request(logits=not mlm, mlm_topk=5 if mlm else 0, hidden_layers=(0, 2, 4), attn_layers=(1, 3),
+                  attn_probs_layers=(3,), pool=4, embeddings=True)
+    alone = capture_batch(model, collate(rows[:1], 0), req, seq_len=20, max_masked=6)
+    padded = capture_batch(model, collate(rows, 0), req, seq_len=20, max_masked=6)
+    assert alone.keys() == padded.keys() == set(signal_names(req, kind))
+    for name in alone:
+        a, b = alone[name][0], padded[name][0]
+        assert a.shape == b.shape, name
+        if a.is_floating_point():
+            torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3, msg=name)
+        else:
+            assert torch.equal(a, b), name
+
+
+def test_teacher_in_train_mode_is_refused(batch):
+    model = tiny_model("base").train()
+    with pytest.raises(AssertionError, match="eval"):
+        capture_batch(model, batch, request(hidden_layers=(1,)))
+
+
+def test_only_selected_layers_are_captured(tiny_teachers, batch, monkeypatch):
+    model = tiny_teachers["base"]
+    hooks_before = hook_counts(model)
+    computed = []
+    real = capture_mod._attention_scores
+
+    def counting(q, k, attn):
+        computed.append(attn)
+        return real(q, k, attn)
+
+    monkeypatch.setattr(capture_mod, "_attention_scores", counting)
+    ran = []
+    layers = model.encoder.layer
+    spy = [layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i + 1)) for i, layer in enumerate(layers)]
+    try:
+        req = request(hidden_layers=(1,), attn_layers=(2,), attn_probs_layers=(2,), pool=2)
+        out = capture_batch(model, batch, req)
+    finally:
+        for h in spy:
+            h.remove()
+    assert set(out) == {"hidden/L1", "attn_scores/L2", "attn_probs/L2", "length"}
+    assert computed == [layers[1].attention.self]  # one QK^T, layer 2 only
+    assert ran == [1, 2]  # nothing after the deepest selected layer runs
+    assert hook_counts(model) == hooks_before  # capture hooks are gone
+
+
+def test_hooks_are_removed_when_the_forward_fails(batch):
+    model = tiny_model("base")
+    hooks_before = hook_counts(model)
+    bad = dict(batch, token_type_ids=torch.full_like(batch["token_type_ids"], 7))  # type vocab is 2
+    with pytest.raises(IndexError):
+        capture_batch(model, bad, request(hidden_layers=(1,), attn_layers=(1, 2)))
+    assert hook_counts(model) == hooks_before
+
+
+def test_hooks_do_not_depend_on_the_attention_kernel(tiny_teachers, batch):
+    """The same weights under sdpa attention give the same captured scores as under eager."""
+    eager = tiny_teachers["base"]
+    sdpa = tiny_model("base", attn_implementation="sdpa")
+    sdpa.load_state_dict(eager.state_dict())
+    assert sdpa.config._attn_implementation == "sdpa"
+    req = request(hidden_layers=(4,), attn_layers=ALL, pool=4)
+    a, b = capture_batch(eager, batch, req), capture_batch(sdpa, batch, req)
+    for name in a:
+        torch.testing.assert_close(a[name].float(), b[name].float(), rtol=1e-3, atol=1e-3, msg=name)
+
+
+def test_requests_the_teacher_cannot_serve_are_refused(tiny_teachers, batch):
+    base = tiny_teachers["base"]
+    with pytest.raises(ValueError, match="no MLM head"):
+        capture_batch(base, batch, request(mlm_topk=5))
+    with pytest.raises(ValueError, match="task logits"):
+        capture_batch(base, batch, request(logits=True))
+    with pytest.raises(ValueError, match="only 4 layers"):
+        capture_batch(base, batch, request(attn_layers=(5,)))
+    with pytest.raises(ValueError, match=">= 1"):
+        request(attn_layers=(0,))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        request(hidden_layers=(3, 1))
+    with pytest.raises(ValueError, match="no signal"):
+        request()
+    with pytest.raises(ValueError, match="does not fit"):
+        capture_batch(base, batch, request(hidden_layers=(1,)), seq_len=8)
+
+
+@pytest.mark.parametrize("kind", ["mlm", "classification", "qa"])
+def test_capture_fits_the_store_layout(tiny_teachers, kind):
+    """Names, row shapes, fill values and dtypes agree with store.schema's array layout."""
+    from distillpipe.store.schema import ATTN_MASKED, SignalSpec, array_layout
+
+    model, mlm = tiny_teachers[kind], kind == "mlm"
+    spec = SignalSpec(max_seq_len=20, pool=4, task="none" if mlm else kind, n_classes=3 if kind == "classification" else 0,
+                      vocab_size=100, mlm_topk=5 if mlm else 0, mlm_max_masked=6 if mlm else 0, hidden_layers=(0, 2),
+                      hidden_size=32, attn_layers=(1, 4), n_heads=4, attn_probs_layers=(3,), embedding_size=32)
+    req = CaptureRequest.from_signal_spec(spec)
+    assert req == request(logits=not mlm, mlm_topk=5 if mlm else 0, hidden_layers=(0, 2), attn_layers=(1, 4),
+                          attn_probs_layers=(3,), pool=4, embeddings=True)
+    assert float(ATTN_MASKED) == capture_mod.SCORE_MASKED
+    rows = make_rows([9, 4], seed=1, n_masked=[3, 1] if mlm else None)
+    out = capture_batch(model, collate(rows, 0), req, seq_len=20, max_masked=6 if mlm else None)
+    arrays = {a.name: a for a in array_layout(spec, n_rows=8, shard_rows=8)}
+    assert set(out) == set(arrays) - {"row_index"}
+    for name, t in out.items():
+        a = arrays[name]
+        assert tuple(t.shape[1:]) == a.row_shape, name
+        values = t.numpy()
+        assert (values.dtype.kind == "f") == (a.dtype.kind == "f"), (name, t.dtype, a.dtype)
+        assert np.array_equal(values.astype(a.dtype), values, equal_nan=values.dtype.kind == "f"), name  # lossless
+        assert capture_mod.fill_value(name) == a.fill_value or name == "length", name

@@ -1,0 +1,183 @@
+"""The teacher_cache stage end to end: stored signals equal a live teacher, a SIGKILLed run resumes
+to bitwise-identical files recomputing only unfinished shards, and changed params rebuild loudly."""
+
+import filecmp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
+from distillpipe.config import TeacherCacheDatasetConfig, build
+from distillpipe.store import ManifestMismatch, open_store
+from distillpipe.teacher.cache import TeacherCacheError, build_teacher_cache
+
+SHARD = 16
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    base = make_tiny_bert_dir(root / "base")
+    clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
+    return {"base": base, "clf": clf, "mlm": make_mlm_tokens(root / "mlm", base, n_rows=100),
+            "cls": make_classification_tokens(root / "cls", clf, n_train=40, n_dev=8), "root": root}
+
+
+def _cfg(head="base", **sig):
+    return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train", "signals": signals(**sig)},
+                 "teacher_cache.datasets.toy")
+
+
+def test_cache_equals_live_teacher_row_by_row(tiny, tmp_path):
+    s = build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr")
+    assert s.store.rows == 100 and s.computed_rows == 100
+    st = open_store(tmp_path / "s.zarr")
+    from datasets import load_from_disk
+    from transformers import BertModel
+
+    rows = load_from_disk(str(tiny["mlm"]))["train"]
+    model = BertModel.from_pretrained(tiny["base"], attn_implementation="eager").eval()
+    got = st.read(["row_index", "length", "hidden/L1", "hidden/L2", "attn_scores/L2"], 0, 100)
+    assert np.array_equal(got["row_index"], np.arange(100))
+    for i in (0, 17, 63, 99):  # one row at a time, no padding: the independent reference
+        ids = torch.tensor([rows[i]["input_ids"]])
+        n = ids.shape[1]
+        with torch.no_grad():
+            out = model(ids, output_hidden_states=True, output_attentions=True)
+        assert got["length"][i] == n
+        for j in (1, 2):
+            h = out.hidden_states[j][0]  # (n, d)
+            ref = torch.stack([h[g:g + 2].mean(0) for g in range(0, n, 2)]).numpy()  # eq. (3), last group partial
+            np.testing.assert_allclose(got[f"hidden/L{j}"][i][: len(ref)].astype(np.float32), ref, rtol=2e-3, atol=2e-3)
+            assert not got[f"hidden/L{j}"][i][len(ref):].any()  # groups past the row hold the fill value 0
+        # eq. (5): max over 2x2 blocks of the pre-softmax scores = log of the probs up to a per-query constant,
+        # so compare through softmax: softmax(stored scores, unpooled p=1 not stored) is not available; check
+        # the max-pool of log(probs) + logsumexp instead via the recomputed scores.
+        attn = model.encoder.layer[1].attention.self
+        x = out.hidden_states[1]
+        q = attn.query(x).view(1, n, 4, -1).transpose(1, 2)
+        k = attn.key(x).view(1, n, 4, -1).transpose(1, 2)
+        scores = (q @ k.transpose(-1, -2))[0] / (q.shape[-1] ** 0.5)  # (H, n, n)
+        g = (n + 1) // 2
+        ref = np.full((4, g, g), -np.inf, np.float32)
+        for a in range(g):
+            for b in range(g):
+                ref[:, a, b] = scores[:, 2 * a:2 * a + 2, 2 * b:2 * b + 2].amax(dim=(-1, -2)).detach().numpy()
+        np.testing.assert_allclose(got["attn_scores/L2"][i][:, :g, :g].astype(np.float32), ref, rtol=3e-3, atol=3e-3)
+        assert np.isneginf(got["attn_scores/L2"][i][:, g:, :]).all()
+
+
+def test_task_logits_equal_live_classifier(tiny, tmp_path):
+    cfg = _cfg("classification", logits=True, hidden_layers=[], attn_layers=[], pool=1)
+    build_teacher_cache("cls", tiny["cls"], tiny["clf"], cfg, "cpu", 16, SHARD, tmp_path / "c.zarr")
+    from datasets import load_from_disk
+    from transformers import BertForSequenceClassification
+
+    rows = load_from_disk(str(tiny["cls"]))["train"]
+    model = BertForSequenceClassification.from_pretrained(tiny["clf"]).eval()
+    got = open_store(tmp_path / "c.zarr").read(["logits"], 0, 40)["logits"]
+    with torch.no_grad():
+        ref = torch.cat([model(torch.tensor([r["input_ids"]])).logits for r in rows]).numpy()
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_bad_combinations_are_refused(tiny, tmp_path):
+    with pytest.raises(TeacherCacheError, match="another tokenizer"):
+        other = make_tiny_bert_dir(tmp_path / "other")
+        (other / "vocab.txt").write_text((other / "vocab.txt").read_text() + "extra\n")
+        build_teacher_cache("toy", tiny["mlm"], other, _cfg(), "cpu", 8, SHARD, tmp_path / "x.zarr")
+    with pytest.raises(TeacherCacheError, match="split='dev'"):
+        cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "dev", "signals": signals()}, "k")
+        build_teacher_cache("toy", tiny["mlm"], tiny["base"], cfg, "cpu", 8, SHARD, tmp_path / "y.zarr")
+
+
+def test_reader_refuses_a_stale_cache_naming_the_field(tiny, tmp_path):
+    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr")
+    st = open_store(tmp_path / "s.zarr")
+    expected = st.manifest.to_dict()
+    expected["tokens_fingerprint"] = "changed"
+    expected["signals"]["hidden_layers"] = [2]
+    with pytest.raises(ManifestMismatch) as e:
+        open_store(tmp_path / "s.zarr", expected=expected)
+    assert "tokens_fingerprint" in str(e.value) and "signals.hidden_layers" in str(e.value)
+
+
+# -- the stage as a process: kill, resume, rebuild -------------------------------------------------
+
+DRIVER = """
+import os, signal, sys
+from distillpipe.store import writer as W
+kill_at = int(os.environ.get("KILL_AT_SHARD", "-1"))
+orig = W.StoreWriter.write_shard
+def write_shard(self, i, arrays, **kw):
+    if i == kill_at:  # die half-way through this shard's arrays: a torn shard on disk
+        calls = []
+        def cb(name, nbytes):
+            calls.append(name)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return orig(self, i, arrays, on_array_written=cb)
+    return orig(self, i, arrays, **kw)
+W.StoreWriter.write_shard = write_shard
+from distillpipe.cli import app
+app(sys.argv[1:], prog_name="teacher_cache")
+"""
+
+
+def _run(tiny, params, out, kill_at=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_SHARD": str(-1 if kill_at is None else kill_at)}
+    cmd = [sys.executable, "-c", DRIVER, "teacher-cache", "--dataset", "toy", "--tokens", str(tiny["mlm"]),
+           "--teacher", str(tiny["base"]), "--out", str(out), "--params", str(params)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def _params(tmp_path, **sig):
+    return write_params(tmp_path / "params.yaml", {"teacher_cache": {
+        "device": "cpu", "batch_size": 8, "shard_rows": SHARD,
+        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "signals": signals(**sig)}}}})
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tiny, tmp_path):
+    params = _params(tmp_path)
+    ref = _run(tiny, params, tmp_path / "ref.zarr")
+    assert ref.returncode == 0, ref.stderr
+    killed = _run(tiny, params, tmp_path / "run.zarr", kill_at=4)
+    assert killed.returncode == -9, killed.stderr  # SIGKILL: shards 0-3 done, shard 4 torn
+    res = _run(tiny, params, tmp_path / "run.zarr")
+    assert res.returncode == 0, res.stderr
+    # 100 rows / 16 = 7 shards; 4 survived, so exactly shards 4, 5, 6 (16 + 16 + 4 rows) are recomputed
+    assert "4 of 7 shards already complete" in res.stderr
+    assert "computed 36 rows" in res.stdout
+    assert _tree(tmp_path / "ref.zarr") == _tree(tmp_path / "run.zarr")
+    for f in _tree(tmp_path / "ref.zarr"):
+        assert filecmp.cmp(tmp_path / "ref.zarr" / f, tmp_path / "run.zarr" / f, shallow=False), f
+
+
+def test_corrupted_shard_is_recomputed_alone(tiny, tmp_path):
+    params = _params(tmp_path)
+    assert _run(tiny, params, tmp_path / "s.zarr").returncode == 0
+    shard_file = tmp_path / "s.zarr" / "hidden" / "L1" / "c" / "2" / "0" / "0"
+    data = shard_file.read_bytes()
+    shard_file.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk or a bad copy
+    res = _run(tiny, params, tmp_path / "s.zarr")
+    assert res.returncode == 0, res.stderr
+    assert "computed 16 rows" in res.stdout and "shard 2" in res.stderr
+
+
+def test_param_change_rebuilds_and_says_so(tiny, tmp_path):
+    assert _run(tiny, _params(tmp_path), tmp_path / "s.zarr").returncode == 0
+    res = _run(tiny, _params(tmp_path, hidden_layers=[2]), tmp_path / "s.zarr")
+    assert res.returncode == 0, res.stderr
+    assert "rebuilding" in res.stderr and "signals.hidden_layers" in res.stderr
+    assert "computed 100 rows" in res.stdout
+    st = open_store(tmp_path / "s.zarr")
+    assert "hidden/L1" not in st.arrays and "hidden/L2" in st.arrays
