@@ -25,12 +25,18 @@ def toy(tmp_path_factory):
     return base, tokens
 
 
+def _files(folder):
+    return sorted((p.relative_to(folder), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file())
+
+
 def test_finetune_learns_and_saves(toy, tmp_path):
     base, tokens = toy
-    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=3), "teacher_finetune.tasks.toy")
+    before = _files(tokens)
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=3, max_train_rows=200), "teacher_finetune.tasks.toy")
     s = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
                          tmp_path / "metrics.json")
-    assert s.steps == 3 * 256 // 8
+    assert _files(tokens) == before, "fine-tuning must not write into its input (another stage's DVC output)"
+    assert s.steps == 3 * 200 // 8
     assert s.metrics["accuracy"] > 0.9, s.metrics  # 'contains token 7' is easy
     from transformers import AutoModelForSequenceClassification
 

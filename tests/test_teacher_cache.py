@@ -33,8 +33,14 @@ def _cfg(head="base", **sig):
                  "teacher_cache.datasets.toy")
 
 
+def _files(folder):
+    return sorted((p.relative_to(folder), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file())
+
+
 def test_cache_equals_live_teacher_row_by_row(tiny, tmp_path):
+    before = _files(tiny["mlm"]), _files(tiny["base"])
     s = build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr")
+    assert (_files(tiny["mlm"]), _files(tiny["base"])) == before  # inputs are other stages' DVC outputs
     assert s.store.rows == 100 and s.computed_rows == 100
     st = open_store(tmp_path / "s.zarr")
     from datasets import load_from_disk

@@ -101,17 +101,42 @@ def total_loss(sig, student, batch, req):
     return losses
 
 
+def through_store(tmp_path, model, req, batch, kind):
+    """Capture, write one shard of a real store, read it back: exactly what training reads."""
+    import numpy as np
+
+    from distillpipe.store import Manifest, SignalSpec, TeacherInfo, create_or_resume, open_store
+
+    B, L = batch["input_ids"].shape
+    mc = model.config
+    task = {"mlm": "none", "classification": "classification", "qa": "qa"}[kind]
+    spec = SignalSpec(max_seq_len=L, pool=req.pool, task=task, n_classes=mc.num_labels if task == "classification" else 0,
+                      vocab_size=mc.vocab_size, mlm_topk=req.mlm_topk,
+                      mlm_max_masked=batch["masked_positions"].shape[1] if req.mlm_topk else 0,
+                      hidden_layers=req.hidden_layers, hidden_size=mc.hidden_size, attn_layers=req.attn_layers,
+                      n_heads=mc.num_attention_heads, attn_probs_layers=req.attn_probs_layers,
+                      embedding_size=mc.hidden_size if req.embeddings else 0)
+    manifest = Manifest(teacher=TeacherInfo(name="tiny", weights_sha256="0" * 64, tokenizer_sha256="0" * 64, config={}),
+                        tokens_fingerprint="toy", signals=spec, n_rows=B, shard_rows=B)
+    writer = create_or_resume(tmp_path / "s.zarr", manifest)
+    arrays = to_host(capture_batch(model, batch, req, seq_len=L, max_masked=spec.mlm_max_masked or None))
+    writer.write_shard(0, {"row_index": np.arange(B), **arrays})
+    writer.finalize()
+    store = open_store(tmp_path / "s.zarr", expected=manifest)
+    return {k: torch.from_numpy(np.asarray(v)) for k, v in store.read(store.arrays, 0, B).items() if k != "row_index"}
+
+
 @pytest.mark.parametrize("kind", ["mlm", "classification", "qa"])
-def test_loss_from_cached_signals_equals_loss_from_live_teacher(tiny_teachers, kind):
+def test_loss_from_cached_signals_equals_loss_from_live_teacher(tiny_teachers, kind, tmp_path):
     model = tiny_teachers[kind]
     mlm = kind == "mlm"
     req = CaptureRequest(logits=not mlm, mlm_topk=8 if mlm else 0, hidden_layers=(0, 2, 4), attn_layers=(1, 2, 4),
                          attn_probs_layers=(2, 4), pool=P, embeddings=True)
     batch = collate(make_rows([19, 12, 7, 3], seed=11, n_masked=[4, 2, 1, 1] if mlm else None), pad_id=0)
     live = live_signals(model, batch, req)
-    # What a training run sees: the capture copied to the host (as the store holds it), then widened.
-    cached = {k: torch.from_numpy(v) for k, v in to_host(capture_batch(model, batch, req)).items()}
-    cached = {k: v.float() if v.is_floating_point() else v for k, v in cached.items()}
+    # What a training run sees: the capture written to a real store, read back, then widened.
+    cached = through_store(tmp_path, model, req, batch, kind)
+    cached = {k: v.float() if v.is_floating_point() else v.long() for k, v in cached.items()}
     cached["mlm/full"] = live.get("mlm/full")
 
     g = torch.Generator().manual_seed(0)

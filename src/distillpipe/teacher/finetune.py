@@ -120,7 +120,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
             raise FinetuneError(f"{tokens_dir} has no {split!r} split (splits: {list(data)})")
     train = data["train"]
     if cfg.max_train_rows is not None and len(train) > cfg.max_train_rows:
-        train = train.shuffle(seed=cfg.seed).select(range(cfg.max_train_rows))
+        # In memory: a cache file written beside the tokens would modify another stage's DVC output.
+        train = train.shuffle(seed=cfg.seed, keep_in_memory=True).select(range(cfg.max_train_rows), keep_in_memory=True)
     if task_type == "regression":
         num_labels = int(round(max(train["label"]) / cfg.regression_bin_width)) + 1
     dev_device = resolve_device(device)
