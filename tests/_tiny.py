@@ -37,8 +37,10 @@ def tokenizer_meta(model_dir: Path) -> dict:
             "pad_id": 0, "cls_id": 2, "sep_id": 3, "mask_id": 4}
 
 
-def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n_dev: int = 32, seed: int = 0) -> Path:
-    """A learnable binary task: label 1 iff token id 7 occurs in the sentence."""
+def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n_dev: int = 32, seed: int = 0,
+                               regression: bool = False) -> Path:
+    """A learnable binary task: label 1 iff token id 7 occurs in the sentence (regression: a score
+    of 0.6 or 0.2, STS-B-like)."""
     from datasets import Dataset, DatasetDict
 
     from distillpipe.data.schema import write_meta
@@ -57,13 +59,14 @@ def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n
             rows["input_ids"].append(ids)
             rows["token_type_ids"].append([0] * len(ids))
             rows["length"].append(len(ids))
-            rows["label"].append(label)
+            rows["label"].append((0.6 if label else 0.2) if regression else label)
             rows["example_id"].append(f"ex{i}")
         return Dataset.from_dict(rows)
 
     DatasetDict({"train": split(n_train), "dev": split(n_dev)}).save_to_disk(str(path))
-    write_meta(path, {"name": "toy", "task_type": "classification", "kind": "classification",
-                      "label_names": ["no", "yes"], "num_labels": 2, "fingerprint": "toy-" + str(seed),
+    write_meta(path, {"name": "toy", "task_type": "regression" if regression else "classification",
+                      "kind": "classification", "label_names": None if regression else ["no", "yes"],
+                      "num_labels": 1 if regression else 2, "fingerprint": f"toy-{seed}-{regression}",
                       "tokenizer": tokenizer_meta(model_dir), "max_seq_len": 32, "params": {}, "summary": {}})
     return path
 

@@ -46,6 +46,19 @@ def test_finetune_learns_and_saves(toy, tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["accuracy"] == s.metrics["accuracy"]
 
 
+def test_regression_is_cast_to_bins(toy, tmp_path):
+    base, _ = toy
+    tokens = make_classification_tokens(tmp_path / "reg", base, n_train=200, n_dev=48, regression=True)
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=8, regression_bin_width=0.2), "t")
+    s = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
+                         tmp_path / "m.json")
+    from transformers import AutoConfig
+
+    # 0.2-wide bins up to the largest train score, 0.6: classes 0..3 (CMOW paper, after Raffel et al.)
+    assert AutoConfig.from_pretrained(tmp_path / "out").num_labels == 4
+    assert s.metrics["pearson"] > 0.8, s.metrics
+
+
 def test_wrong_task_config_is_refused(toy, tmp_path):
     base, tokens = toy
     cfg = build(TeacherFinetuneTaskConfig, finetune_params(regression_bin_width=0.2), "t")
@@ -82,6 +95,7 @@ def test_killed_run_resumes_to_identical_weights(toy, tmp_path):
     res = subprocess.run(_cli(params, base, tokens, tmp_path / "out", ckpt), env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "resuming toy at epoch" in res.stderr
+    assert not any(ckpt.glob("step-*.pt")), "checkpoints are cleared once the model is saved"
     a = load_file(tmp_path / "ref" / "model.safetensors")
     b = load_file(tmp_path / "out" / "model.safetensors")
     assert a.keys() == b.keys()

@@ -72,7 +72,12 @@ _HEADLINE = ("accuracy", "f1", "matthews", "pearson", "spearman", "exact", "loss
 
 def _build_model(base_dir: Path, task_type: str, num_labels: int, label_names: list[str] | None):
     from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
+    # transformers' load report lists the new head as MISSING, which reads like an error here.
+    hf_logging.set_verbosity_error()
+    log.info("initialising a new %s head on %s", "QA (start/end)" if task_type == "qa" else
+             f"{num_labels}-way classification", base_dir)
     if task_type == "qa":
         return AutoModelForQuestionAnswering.from_pretrained(base_dir)
     kwargs = {}
@@ -197,6 +202,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     metrics_path = Path(metrics_path)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    clear_checkpoints(ckpt_dir)  # the model is saved: a resume point is no longer needed (and may be GBs)
     return FinetuneSummary(task, len(train), step, time.time() - t0, metrics)
 
 
