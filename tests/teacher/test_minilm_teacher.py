@@ -27,7 +27,14 @@ def test_minilm_capture_matches_its_outputs(minilm):
     req = CaptureRequest(logits=False, mlm_topk=0, hidden_layers=(2, 4, 6), attn_layers=(2, 4, 6),
                          attn_probs_layers=(6,), pool=4, embeddings=False)
     out = capture_batch(model, batch, req)
-    live = live_forward(model, batch)
+    # The reference: the same weights under eager attention, whose output_attentions are the truth.
+    from transformers import BertModel
+
+    from distillpipe.assets import resolve_model
+
+    eager = BertModel.from_pretrained(resolve_model("embedded:minilm-l6"), attn_implementation="eager").eval()
+    assert model.config._attn_implementation == "sdpa"
+    live = live_forward(eager, batch)
     mask = batch["attention_mask"].bool()
     for j in (2, 4, 6):
         ref_h, valid = avg_pool_seq(live.hidden_states[j], mask, 4)

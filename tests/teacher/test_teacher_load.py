@@ -1,4 +1,4 @@
-"""load_teacher: the requested head, eager attention, eval mode; a missing head is refused clearly."""
+"""load_teacher: the requested head, sdpa attention, eval mode; a missing head is refused clearly."""
 
 import pytest
 
@@ -16,10 +16,10 @@ def teacher_dirs(tmp_path_factory):
 @pytest.mark.parametrize("head,cls", [("base", "BertModel"), ("mlm", "BertForMaskedLM"),
                                       ("classification", "BertForSequenceClassification"),
                                       ("qa", "BertForQuestionAnswering")])
-def test_loads_each_head_eager_and_in_eval_mode(teacher_dirs, head, cls):
+def test_loads_each_head_sdpa_and_in_eval_mode(teacher_dirs, head, cls):
     model, tok = load_teacher(teacher_dirs[head], head, "cpu")
     assert type(model).__name__ == cls
-    assert not model.training and model.config._attn_implementation == "eager"
+    assert not model.training and model.config._attn_implementation == "sdpa"
     assert next(model.parameters()).device.type == "cpu"
     assert tok("w1 w2")["input_ids"][0] == tok.cls_token_id
 

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_KEY = "manifest"
 CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
-BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "zstd", 3, "shuffle"
+BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "zstd", 1, "shuffle"  # level 1: same ratio on fp16 activations as 3, 30% less CPU
 
 
 @dataclass(frozen=True)
