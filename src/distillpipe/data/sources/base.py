@@ -77,6 +77,15 @@ class Skips:
         elif self.counts[reason] == self.LOGGED_PER_REASON + 1:
             logger.warning("more %s skipped; the total is in the summary", reason)
 
+    def bad_or_raise(self, on_bad_rows: str, key: str, reason: str, where: str, detail: str, unit: str = "row") -> None:
+        """``on_bad_rows: error`` raises naming the place and the fix; ``skip`` counts and logs it."""
+        if on_bad_rows == "error":
+            raise PrepareError(
+                f"{where}: {detail}. Fix the {unit}, or set `{key}.on_bad_rows: skip` in params.yaml "
+                f"to skip such {unit}s (they are counted in the summary)."
+            )
+        self.bad(reason, where, detail)
+
     def update(self, other: "Skips") -> None:
         self.counts.update(other.counts)
 

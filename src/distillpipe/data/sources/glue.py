@@ -106,15 +106,15 @@ def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, ke
             skips.add("blank lines")
             continue
         if len(fields) != len(header):
-            _bad(cfg, key, skips, "rows with a wrong number of columns", where,
-                 f"{len(fields)} tab-separated columns, expected {len(header)} ({', '.join(header)})")
+            skips.bad_or_raise(cfg.on_bad_rows, key, "rows with a wrong number of columns", where,
+                               f"{len(fields)} tab-separated columns, expected {len(header)} ({', '.join(header)})")
             continue
         label = _label(fields[col[task.label]], task) if labeled else UNLABELED
         if label is None:
             what = "score" if task.label_names is None else "label"
             expected = "a number" if task.label_names is None else " / ".join(task.raw_labels or task.label_names)
-            _bad(cfg, key, skips, f"rows with an unknown {what}", where,
-                 f"{what} {fields[col[task.label]]!r} is not {expected}")
+            skips.bad_or_raise(cfg.on_bad_rows, key, f"rows with an unknown {what}", where,
+                               f"{what} {fields[col[task.label]]!r} is not {expected}")
             continue
         row_id = "-".join(fields[i] for i in id_cols) if id_cols else str(number)
         row = {"id": row_id, "text_a": fields[col[task.text_a]], "label": label}
@@ -136,14 +136,6 @@ def _label(raw: str, task: GlueTask) -> int | float | None:
     names = task.raw_labels or task.label_names
     return names.index(raw) if raw in names else None
 
-
-def _bad(cfg: LocalGlueConfig, key: str, skips: Skips, reason: str, where: str, detail: str) -> None:
-    if cfg.on_bad_rows == "error":
-        raise PrepareError(
-            f"{where}: {detail}. Fix the row, or set `{key}.on_bad_rows: skip` in params.yaml "
-            "to skip such rows (they are counted in the summary)."
-        )
-    skips.bad(reason, where, detail)
 
 
 def build_glue(name: str, cfg: LocalGlueConfig) -> Prepared:

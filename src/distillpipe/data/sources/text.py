@@ -50,13 +50,15 @@ def _jsonl_documents(path: Path, text: str, cfg: LocalTextConfig, key: str, skip
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            _bad(cfg, key, skips, "lines with invalid JSON", where, f"invalid JSON ({e.msg}, column {e.colno})")
+            skips.bad_or_raise(cfg.on_bad_rows, key, "lines with invalid JSON", where,
+                               f"invalid JSON ({e.msg}, column {e.colno})", unit="line")
             continue
         value = obj.get(cfg.text_field) if isinstance(obj, dict) else None
         if not isinstance(value, str):
             got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-            _bad(cfg, key, skips, f"lines without a string {cfg.text_field!r}", where,
-                 f"no string field {cfg.text_field!r} (got {got}); is `{key}.text_field` right?")
+            skips.bad_or_raise(cfg.on_bad_rows, key, f"lines without a string {cfg.text_field!r}", where,
+                               f"no string field {cfg.text_field!r} (got {got}); is `{key}.text_field` right?",
+                               unit="line")
             continue
         if not value.strip():
             skips.bad("empty documents", where, f"{cfg.text_field!r} is empty")
@@ -64,14 +66,6 @@ def _jsonl_documents(path: Path, text: str, cfg: LocalTextConfig, key: str, skip
         rows.append({"doc_id": f"{path.name}:{number}", "text": value})
     return rows
 
-
-def _bad(cfg: LocalTextConfig, key: str, skips: Skips, reason: str, where: str, detail: str) -> None:
-    if cfg.on_bad_rows == "error":
-        raise PrepareError(
-            f"{where}: {detail}. Fix the line, or set `{key}.on_bad_rows: skip` in params.yaml "
-            "to skip such lines (they are counted in the summary)."
-        )
-    skips.bad(reason, where, detail)
 
 
 def build_text(name: str, cfg: LocalTextConfig) -> Prepared:
