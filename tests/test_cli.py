@@ -1,0 +1,67 @@
+"""The command line: user errors exit 2 with one actionable message; inspect shows a store."""
+
+import time
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from _tiny import make_mlm_tokens, make_tiny_bert_dir, signals, write_params
+from distillpipe.cli import app
+
+runner = CliRunner()
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+ROOT_PARAMS = yaml.safe_load(PARAMS.read_text())
+
+
+def test_unknown_dataset_is_a_clear_error(tmp_path):
+    res = runner.invoke(app, ["prepare", "--dataset", "nope", "--out", str(tmp_path / "o"),
+                              "--params", str(PARAMS)])
+    assert res.exit_code == 2
+    assert "prepare.datasets has no dataset 'nope'" in res.output and "polarity" in res.output
+
+
+def test_wrong_encoding_names_file_line_and_fix(tmp_path):
+    params = {"prepare": {"datasets": {"polarity": {**ROOT_PARAMS["prepare"]["datasets"]["polarity"],
+                                                    "encoding": "utf-8"}}}}
+    res = runner.invoke(app, ["prepare", "--dataset", "polarity", "--out", str(tmp_path / "o"),
+                              "--params", str(write_params(tmp_path / "p.yaml", params))])
+    assert res.exit_code == 2
+    assert "pang_lee_polarity.cor" in res.output and ":27" in res.output and "encoding" in res.output
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_hub_offline_fails_fast(tmp_path):
+    params = {"prepare": {"datasets": {"sq": {"source": "hub", "name": "squad_v2", "subset": None,
+                                              "splits": {"train": "train"}, "text_field": "text"}}}}
+    t = time.time()
+    res = runner.invoke(app, ["prepare", "--dataset", "sq", "--out", str(tmp_path / "o"),
+                              "--params", str(write_params(tmp_path / "p.yaml", params))])
+    assert res.exit_code == 2 and time.time() - t < 10
+    assert "source: local" in res.output
+
+
+def test_bad_params_file_is_a_clear_error(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("tokenize: {tokenizer: x, max_seq_len: big, datasets: {}}\n")
+    res = runner.invoke(app, ["tokenize", "--dataset", "x", "--prepared", "a", "--out", "b", "--params", str(p)])
+    assert res.exit_code == 2 and "tokenize.max_seq_len: expected an integer" in res.output
+
+
+def test_inspect_and_verify(tmp_path):
+    base = make_tiny_bert_dir(tmp_path / "base")
+    tokens = make_mlm_tokens(tmp_path / "mlm", base, n_rows=40)
+    params = write_params(tmp_path / "p.yaml", {"teacher_cache": {
+        "device": "cpu", "batch_size": 8, "shard_rows": 16,
+        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "signals": signals()}}}})
+    res = runner.invoke(app, ["teacher-cache", "--dataset", "toy", "--tokens", str(tokens), "--teacher", str(base),
+                              "--out", str(tmp_path / "s.zarr"), "--params", str(params)])
+    assert res.exit_code == 0, res.output
+    assert "teacher_cache toy: 40 rows in 3 shards" in res.output
+    res = runner.invoke(app, ["inspect", str(tmp_path / "s.zarr"), "--verify"])
+    assert res.exit_code == 0, res.output
+    for expected in ("hidden/L1", "attn_scores/L2", "3 shards complete", "compression", "bytes/row", "verify: every"):
+        assert expected in res.output, expected
+    (tmp_path / "s.zarr" / "hidden" / "L2" / "c" / "1" / "0" / "0").write_bytes(b"garbage")
+    res = runner.invoke(app, ["inspect", str(tmp_path / "s.zarr"), "--verify"])
+    assert res.exit_code == 1 and "shard 1" in res.output
