@@ -132,7 +132,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
     if len(pending) < n_shards:
         log.info("resuming %s: %d of %d shards already complete", out, n_shards - len(pending), n_shards)
     log.info("caching %s for %s on %s: %s", ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), teacher_head(model))),
-             name, device, f"{len(pending)} shards of {shard_rows} rows to compute")
+             name, next(model.parameters()).device, f"{len(pending)} shards of {shard_rows} rows to compute")
 
     pad_id = int(meta["tokenizer"]["pad_id"])
     computed = 0
