@@ -170,12 +170,13 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
 
     pad_id = meta["tokenizer"]["pad_id"]
     columns = ["input_ids", "token_type_ids"] + (["start_positions", "end_positions"] if task_type == "qa" else ["label"])
+    train_cols = train.select_columns(columns)
     bar = tqdm(total=total, initial=step, desc=f"fine-tune {task}", unit="step")
     model.train()
     while epoch < cfg.epochs:
         batches = length_batches(lengths, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
         for idx in batches[step_in_epoch:]:
-            rows = train.select_columns(columns)[idx.tolist()]
+            rows = train_cols[idx.tolist()]
             inputs = {k: v.to(dev_device) for k, v in collate_tokens(rows, pad_id).items()}
             labels = {k: v.to(dev_device) for k, v in _labels(task_type, rows, cfg.regression_bin_width).items()}
             with autocast(dev_device):

@@ -174,20 +174,25 @@ def _unrank_pair(rank: int, n: int) -> tuple[int, int]:
     return a, a + 1 + rank
 
 
-def build_wiki_pairs(name: str, cfg: EmbeddedWikiPairsConfig) -> Prepared:
-    """Pair classification: are two paragraphs from the same article? Articles are split first,
-    then pairs are drawn within each split, so no article is in two splits."""
-    key = f"prepare.datasets.{name}"
-    skips = Skips()
+def rows_by_article_split(key: str, cfg, skips: Skips, make_rows) -> dict[str, list[dict]]:
+    """Split the sample's articles first (``cfg.splits``, ``cfg.seed``), then build each split's
+    rows with ``make_rows(split, articles, rng)``, so no article is in two splits."""
     articles = wiki_articles(cfg.min_paragraph_chars, skips)
     parts = split_units(articles, cfg.splits, cfg.seed, "articles", f"{key}.splits")
-    text_fields = ["text_a", "text_b"]
-    splits = {}
+    out = {}
     for index, (split, arts) in enumerate(parts.items()):
-        rng = random.Random(f"{cfg.seed}-{index}")
         try:
-            rows = _pairs_for_split(split, arts, cfg.pairs_per_article, rng, skips)
+            out[split] = make_rows(split, arts, random.Random(f"{cfg.seed}-{index}"))
         except PrepareError as e:
             raise PrepareError(f"{key}: {e}") from None
-        splits[split] = rows_to_dataset(rows, "classification", text_fields)
+    return out
+
+
+def build_wiki_pairs(name: str, cfg: EmbeddedWikiPairsConfig) -> Prepared:
+    """Pair classification: are two paragraphs from the same article? (Split by article.)"""
+    skips = Skips()
+    text_fields = ["text_a", "text_b"]
+    rows = rows_by_article_split(f"prepare.datasets.{name}", cfg, skips, lambda split, arts, rng:
+                                 _pairs_for_split(split, arts, cfg.pairs_per_article, rng, skips))
+    splits = {split: rows_to_dataset(r, "classification", text_fields) for split, r in rows.items()}
     return Prepared(splits, "classification", list(PAIR_LABELS), text_fields, skips)

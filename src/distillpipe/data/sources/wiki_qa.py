@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 
 from distillpipe.config import EmbeddedWikiQAConfig
-from distillpipe.data.sources.base import PrepareError, Prepared, Skips, rows_to_dataset, split_units
-from distillpipe.data.sources.wiki import Article, wiki_articles
+from distillpipe.data.sources.base import PrepareError, Prepared, Skips, rows_to_dataset
+from distillpipe.data.sources.wiki import Article, rows_by_article_split
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
 # Spans never start or end inside a hyphenated word ("free-market", "Pierre-Joseph").
@@ -144,17 +144,9 @@ def _rows_for_split(split: str, articles: list[Article], cfg: EmbeddedWikiQAConf
 
 
 def build_wiki_qa(name: str, cfg: EmbeddedWikiQAConfig) -> Prepared:
-    key = f"prepare.datasets.{name}"
     skips = Skips()
-    articles = wiki_articles(cfg.min_paragraph_chars, skips)
-    parts = split_units(articles, cfg.splits, cfg.seed, "articles", f"{key}.splits")
     text_fields = ["question", "context"]
-    splits = {}
-    for index, (split, arts) in enumerate(parts.items()):
-        rng = random.Random(f"{cfg.seed}-{index}")
-        try:
-            rows = _rows_for_split(split, arts, cfg, rng, skips)
-        except PrepareError as e:
-            raise PrepareError(f"{key}: {e}") from None
-        splits[split] = rows_to_dataset(rows, "qa", text_fields)
+    rows = rows_by_article_split(f"prepare.datasets.{name}", cfg, skips, lambda split, arts, rng:
+                                 _rows_for_split(split, arts, cfg, rng, skips))
+    splits = {split: rows_to_dataset(r, "qa", text_fields) for split, r in rows.items()}
     return Prepared(splits, "qa", [], text_fields, skips)
