@@ -71,8 +71,10 @@ def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n
     return path
 
 
-def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 0, max_seq_len: int = 32) -> Path:
-    """Random MLM rows in the tokens format (lengths vary, a few masked positions each)."""
+def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 0, max_seq_len: int = 32,
+                    n_dev: int = 0) -> Path:
+    """Random MLM rows in the tokens format (lengths vary, a few masked positions each); the first
+    ``n_dev`` rows form a dev split when ``n_dev`` > 0."""
     from datasets import Dataset, DatasetDict
 
     from distillpipe.data.schema import write_meta
@@ -90,7 +92,10 @@ def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 
         for k, v in (("input_ids", ids), ("token_type_ids", [0] * n), ("length", n), ("block_id", i), ("view", 0),
                      ("masked_positions", pos), ("masked_labels", labels)):
             rows[k].append(v)
-    DatasetDict({"train": Dataset.from_dict(rows)}).save_to_disk(str(path))
+    splits = {"train": Dataset.from_dict(rows)}
+    if n_dev:
+        splits["dev"] = Dataset.from_dict({k: v[:n_dev] for k, v in rows.items()})
+    DatasetDict(splits).save_to_disk(str(path))
     write_meta(path, {"name": "toy_mlm", "task_type": "corpus", "kind": "mlm", "num_labels": 0, "label_names": None,
                       "fingerprint": f"mlm-{seed}-{n_rows}", "tokenizer": tokenizer_meta(model_dir),
                       "max_seq_len": max_seq_len, "params": {}, "summary": {}})

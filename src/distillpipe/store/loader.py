@@ -273,6 +273,9 @@ class BlockLoader:
             num_workers=self.num_workers,
             multiprocessing_context=self.multiprocessing_context,
             collate_fn=_identity,
+            # its own generator: a DataLoader iterator otherwise draws its base seed from the global torch
+            # RNG, shifting the dropout stream of the training run by one draw per epoch (and resume)
+            generator=torch.Generator().manual_seed(self.dataset.seed),
         )
         for batch in loader:
             self.batches_consumed += 1  # counted before the caller sees it: a state saved now includes it

@@ -231,7 +231,8 @@ def predict(model, rows, pad_id: int, device: torch.device, batch_size: int) -> 
 
 
 def evaluate_teacher(model, dev, task_type: str, pad_id: int, device: torch.device, batch_size: int,
-                     bin_width: float | None, prepared_dir: str | Path) -> dict[str, float]:
+                     bin_width: float | None, prepared_dir: str | Path, split: str = "dev") -> dict[str, float]:
+    """Metrics of a fine-tuned teacher on the token rows ``dev`` of ``split`` (QA: examples from ``prepared_dir``)."""
     from distillpipe.evaluate.metrics import classification_metrics, regression_metrics
 
     outs = predict(model, dev, pad_id, device, batch_size)
@@ -240,7 +241,7 @@ def evaluate_teacher(model, dev, task_type: str, pad_id: int, device: torch.devi
 
         from distillpipe.evaluate.squad import best_spans, squad_v2_scores
 
-        examples = load_from_disk(str(prepared_dir))["dev"]
+        examples = load_from_disk(str(prepared_dir))[split]
         lengths = dev["length"]
         starts = [s[:n] for s, n in zip(outs[0], lengths)]
         ends = [e[:n] for e, n in zip(outs[1], lengths)]

@@ -1,0 +1,163 @@
+"""Training data for students: token rows joined with their teacher-cache rows.
+
+A :class:`Source` is one dataset: its tokens (``data/tokens/<name>``) and its teacher cache
+(``data/teacher/<name>.zarr``), opened with the manifest checked against the tokens (same tokens
+fingerprint and tokenizer: a stale cache is refused, naming the field). The cache drives the
+order: the block loader yields shuffled cache rows and their ``row_index``; the matching token rows
+are fetched from the (memory-mapped) Arrow split.
+
+Rows without ground truth (augmented questions: a ``labeled`` column that is false, or a tokens
+meta.json with ``labeled: false``) get IGNORE labels, so only teacher losses apply to them
+(WaLDORf eq. (8)).
+
+Collation (:func:`collate`) pads to the batch's longest row and crops the teacher's fixed-length
+arrays to match: (N, L) logits to (B, T), pooled (N, L/p, ...) arrays to (B, ceil(T/p), ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from distillpipe.data.batching import pad_sequences
+from distillpipe.data.schema import read_meta
+from distillpipe.store import SignalSpec, open_store
+from distillpipe.store.loader import BlockLoader
+from distillpipe.teacher.pooling import n_groups
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100  # label value ignored by the cross-entropy losses
+
+
+class TrainDataError(ValueError):
+    """Tokens, teacher cache and run params do not fit together."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    name: str
+    kind: str
+    """Tokens kind: 'mlm', 'classification' or 'qa'."""
+    task_type: str
+    labeled: bool
+    """False for augmented rows: no ground truth, teacher losses only (WaLDORf eq. (8))."""
+    signals: SignalSpec
+    meta: dict
+
+
+class Source:
+    """One (tokens, teacher cache) pair; ``loader`` iterates the cache's rows in seeded shuffled blocks."""
+
+    def __init__(self, name: str, tokens_dir: str | Path, store_path: str | Path, names: Sequence[str], *,
+                 batch_size: int, seed: int, block_rows: int, buffer_blocks: int, num_workers: int):
+        from datasets import load_from_disk
+
+        tokens_dir, store_path = Path(tokens_dir), Path(store_path)
+        meta = read_meta(tokens_dir)
+        expected = {"teacher": {"tokenizer_sha256": meta["tokenizer"]["sha256"]},
+                    "tokens_fingerprint": meta["fingerprint"]}
+        store = open_store(store_path, expected)  # refuses a stale or unfinished cache, naming the field
+        missing = [n for n in names if n not in store.layout]
+        if missing:
+            raise TrainDataError(
+                f"{store_path} has no {missing} (it has {list(store.arrays)}): the loss terms of this run need "
+                f"them; add the signals to teacher_cache.datasets.{name}.signals or set their loss_weights to 0")
+        data = load_from_disk(str(tokens_dir))
+        if "train" not in data:
+            raise TrainDataError(f"{tokens_dir} has no train split (splits: {list(data)})")
+        self.rows = data["train"]
+        if store.n_rows > len(self.rows):
+            raise TrainDataError(f"{store_path} has {store.n_rows} rows but {tokens_dir} train has {len(self.rows)}")
+        self.info = SourceInfo(name=name, kind=meta["kind"], task_type=meta["task_type"],
+                               labeled=bool(meta.get("labeled", True)), signals=store.manifest.signals, meta=meta)
+        self.pad_id = int(meta["tokenizer"]["pad_id"])
+        self.loader = BlockLoader(store_path, list(dict.fromkeys(["length", *names])), block_rows=block_rows,
+                                  buffer_blocks=buffer_blocks, seed=seed, expected=expected, batch_size=batch_size,
+                                  num_workers=num_workers)
+        self.columns = _columns(self.info.kind, self.rows.column_names)
+        self._cols = self.rows.select_columns(self.columns)
+
+    def batches(self) -> Iterator[tuple[dict, dict]]:
+        for row_index, arrays in self.loader:
+            yield self._cols[row_index.tolist()], arrays
+
+
+def _columns(kind: str, available: Sequence[str]) -> list[str]:
+    cols = ["input_ids", "token_type_ids", "length"] + (["labeled"] if "labeled" in available else [])
+    if kind == "mlm":
+        cols += ["masked_positions", "masked_labels"]
+    elif kind == "classification":
+        cols += ["label"] + [c for c in ("a_input_ids", "b_input_ids") if c in available]
+    elif kind == "qa":
+        cols += ["start_positions", "end_positions"]
+    return cols
+
+
+def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind: str, pad_id: int, labeled: bool,
+            pairs: bool, pool: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(batch for the student, targets for the losses). ``arrays`` are the teacher-cache rows of the same
+    rows (None for evaluation). Targets: ``labels`` (B,) / ``start_positions``, ``end_positions`` (B,) /
+    ``mlm_labels`` (B, M) with IGNORE for no ground truth; teacher arrays cropped to the batch length."""
+    ids = rows["input_ids"]
+    input_ids = pad_sequences(ids, pad_id)  # (B, T)
+    B, T = input_ids.shape
+    lengths = torch.tensor([len(s) for s in ids])
+    batch = {
+        "input_ids": input_ids,
+        "token_type_ids": pad_sequences(rows["token_type_ids"], 0),
+        "attention_mask": torch.arange(T)[None, :] < lengths[:, None],  # (B, T) bool
+    }
+    if pairs:
+        for side in ("a", "b"):
+            seqs = rows[f"{side}_input_ids"]
+            if any(len(s) == 0 for s in seqs):
+                raise TrainDataError("DiffCat encoding needs two sentences per row, but this dataset has rows "
+                                     "without a second sentence: use encoding: joint")
+            t = pad_sequences(seqs, pad_id)
+            n = torch.tensor([len(s) for s in seqs])
+            batch[f"{side}_input_ids"] = t
+            batch[f"{side}_attention_mask"] = torch.arange(t.shape[1])[None, :] < n[:, None]
+    targets: dict[str, torch.Tensor] = {"attention_mask": batch["attention_mask"]}
+    has_truth = torch.full((B,), labeled)  # (B,) rows with ground truth
+    if "labeled" in rows:
+        has_truth &= torch.as_tensor(np.asarray(rows["labeled"], dtype=bool))
+    if kind == "mlm":
+        batch["mlm_positions"] = pad_sequences(rows["masked_positions"], -1)  # (B, M)
+        targets["mlm_positions"] = batch["mlm_positions"]
+        targets["mlm_labels"] = pad_sequences(rows["masked_labels"], IGNORE).masked_fill(~has_truth[:, None], IGNORE)
+    elif kind == "classification":
+        labels = torch.as_tensor(np.asarray(rows["label"]))
+        if labels.is_floating_point():
+            raise TrainDataError("regression labels reached the student loop: student training on regression tasks "
+                                 "needs labels binned like the teacher's (not supported yet)")
+        targets["labels"] = labels.long().masked_fill((labels < 0) | ~has_truth, IGNORE)
+    elif kind == "qa":
+        for k in ("start_positions", "end_positions"):
+            targets[k] = torch.as_tensor(np.asarray(rows[k]), dtype=torch.long).masked_fill(~has_truth, IGNORE)
+    if arrays is not None:
+        Tp = n_groups(T, pool)
+        for name, a in arrays.items():
+            if name == "length":
+                continue
+            t = torch.from_numpy(np.ascontiguousarray(a))
+            if t.dtype == torch.float16:
+                t = t.float()
+            if name in ("start_logits", "end_logits"):
+                t = t[:, :T]
+            elif name.startswith("hidden/"):
+                t = t[:, :Tp]
+            elif name.startswith("attn_scores/"):
+                t = t[:, :, :Tp, :Tp]
+            elif name.startswith("attn_probs/") or name == "embeddings":
+                t = t[:, :T, :T] if name.startswith("attn_probs/") else t[:, :T]
+            targets[name] = t
+        if "length" in arrays and not np.array_equal(arrays["length"], lengths.numpy()):
+            raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "
+                                 "is not from these tokens; re-run teacher_cache")
+    return batch, targets

@@ -1,0 +1,220 @@
+"""The report renderer: rows and values parsed back from the Markdown, missing runs, determinism,
+and a valid PNG."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from distillpipe.evaluate.report import TableSpec, load_results, render_results
+
+
+def _run(
+    run,
+    student,
+    dataset,
+    dev,
+    test,
+    sps,
+    teacher_sps,
+    *,
+    task_type="classification",
+    primary="accuracy",
+    teacher_dev=None,
+    params=(12_345_678, 123_456),
+):
+    return {
+        "run": run,
+        "student": student,
+        "dataset": dataset,
+        "task_type": task_type,
+        "note": f"note of {run}",
+        "primary_metric": primary,
+        "dev": dev,
+        "test": test,
+        "params": {"total": params[0], "without_embeddings": params[1]},
+        "speed": {
+            "device": "cpu",
+            "batch_size": 256,
+            "seq_len": 64,
+            "student_sentences_per_s": sps,
+            "teacher_sentences_per_s": teacher_sps,
+            "speedup": sps / teacher_sps,
+        },
+        "teacher": {
+            "name": f"{dataset}-teacher",
+            "dev": teacher_dev or {primary: 0.8},
+            "test": None,
+            "params": {"total": 22_700_000, "without_embeddings": 10_900_000},
+        },
+    }
+
+
+RESULTS = [
+    _run(
+        "hybrid-polarity",
+        "cmow_hybrid",
+        "polarity",
+        {"accuracy": 0.71, "f1": 0.70, "matthews": 0.42},
+        {"accuracy": 0.705},
+        30000.0,
+        4600.0,
+    ),
+    _run(
+        "waldorf-qa",
+        "waldorf",
+        "wiki_qa",
+        {"exact": 34.04, "f1": 45.678, "HasAns_exact": 2.1, "NoAns_exact": 98.9},
+        None,
+        900.0,
+        300.0,
+        task_type="qa",
+        primary="f1",
+        teacher_dev={"exact": 50.0, "f1": 55.55},
+        params=(3_000_000, 2_000_000),
+    ),
+    _run(
+        "cbow-polarity",
+        "cmow_hybrid",
+        "polarity",
+        {"accuracy": 0.6049, "f1": 0.6, "matthews": 0.2},
+        None,
+        50000.0,
+        5000.0,
+    ),
+]
+TABLES = [
+    TableSpec(
+        title="WaLDORf ablation",
+        runs=["teacher:wiki_qa", "waldorf-qa", "waldorf-slow-build"],
+        paper={"waldorf-qa": "34.0", "waldorf-slow-build": "66.0"},
+        caption="EM on dev.",
+        metric="exact",
+    ),
+    TableSpec(title="CMOW variants", runs=["cbow-polarity", "hybrid-polarity"], paper=None, caption="", metric=None),
+]
+
+
+def _tables(md: str) -> dict[str, list[dict[str, str]]]:
+    """Section title -> rows of the first Markdown table under it, as {header: cell}."""
+    out: dict[str, list[dict[str, str]]] = {}
+    section, header = None, None
+    for line in md.splitlines():
+        if line.startswith("## "):
+            section, header = line[3:], None
+        elif line.startswith("|") and section is not None:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= {"|", "-"}:
+                out.setdefault(section, []).append(dict(zip(header, cells, strict=True)))
+    return out
+
+
+@pytest.fixture
+def rendered(tmp_path):
+    md_path, png_path = tmp_path / "reports" / "results.md", tmp_path / "reports" / "speed_quality.png"
+    text = render_results(RESULTS, TABLES, out_md=md_path, out_png=png_path)
+    return text, md_path, png_path
+
+
+def test_main_table_rows_and_values(rendered):
+    text, md_path, _ = rendered
+    assert md_path.read_text() == text
+    rows = _tables(text)["All runs"]
+    # per dataset in order of appearance: its teacher, then its runs in input order
+    assert [(r["Dataset"], r["Run"]) for r in rows] == [
+        ("polarity", "teacher:polarity"),
+        ("polarity", "hybrid-polarity"),
+        ("polarity", "cbow-polarity"),
+        ("wiki_qa", "teacher:wiki_qa"),
+        ("wiki_qa", "waldorf-qa"),
+    ]
+    by = {r["Run"]: r for r in rows}
+    h = by["hybrid-polarity"]
+    assert (h["Model"], h["Note"], h["Metric"]) == ("cmow_hybrid", "note of hybrid-polarity", "accuracy")
+    assert (h["Dev"], h["Test"]) == ("71.0", "70.5")  # fractions x100, one decimal
+    assert (h["Params (M)"], h["w/o emb. (M)"]) == ("12.35", "0.12")
+    assert (h["Sent./s"], h["Speed-up"], h["Device"]) == ("30,000", "6.5x", "cpu")
+    assert (by["cbow-polarity"]["Dev"], by["cbow-polarity"]["Test"]) == ("60.5", "n/a")
+    t = by["teacher:polarity"]
+    assert (t["Model"], t["Note"], t["Dev"], t["Params (M)"], t["w/o emb. (M)"]) == (
+        "polarity-teacher",
+        "teacher",
+        "80.0",
+        "22.70",
+        "10.90",
+    )
+    assert (t["Sent./s"], t["Speed-up"]) == ("4,800", "1.0x")  # median of 4600 and 5000
+    qa = by["waldorf-qa"]
+    assert (qa["Metric"], qa["Dev"], qa["Test"], qa["Speed-up"]) == ("f1", "45.7", "n/a", "3.0x")  # QA: already %
+    assert by["teacher:wiki_qa"]["Dev"] == "55.5"  # 55.55 in binary is just below 55.55
+
+
+def test_spec_tables_with_paper_column_and_missing_runs(rendered):
+    text, _, _ = rendered
+    tables = _tables(text)
+    wal = tables["WaLDORf ablation"]
+    assert [r["Run"] for r in wal] == ["teacher:wiki_qa", "waldorf-qa", "waldorf-slow-build"]
+    assert [(r["Metric"], r["Dev"], r["Paper"]) for r in wal] == [
+        ("exact", "50.0", ""),
+        ("exact", "34.0", "34.0"),
+        ("exact", "not run", "66.0"),
+    ]
+    assert wal[2]["Test"] == "not run" and wal[2]["Model"] == ""
+    assert "EM on dev." in text
+    cmow = tables["CMOW variants"]
+    assert "Paper" not in cmow[0]
+    assert [(r["Run"], r["Dev"], r["Sent./s"]) for r in cmow] == [
+        ("cbow-polarity", "60.5", "50,000"),
+        ("hybrid-polarity", "71.0", "30,000"),
+    ]
+    assert "![Speed vs quality](speed_quality.png)" in text
+    assert "Speed measured on cpu with batches of 256 random sequences of length 64." in text
+
+
+def test_png_is_valid(rendered):
+    _, _, png_path = rendered
+    data = png_path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(png_path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert np.ptp(img[..., :3]) > 0  # something was drawn
+
+
+def test_rendering_is_deterministic(tmp_path):
+    outs = []
+    for name in ("a", "b"):
+        md, png = tmp_path / name / "results.md", tmp_path / name / "speed_quality.png"
+        render_results(copy.deepcopy(RESULTS), TABLES, out_md=md, out_png=png)
+        outs.append((md.read_bytes(), png.read_bytes()))
+    assert outs[0] == outs[1]
+
+
+def test_bad_inputs_are_refused(tmp_path):
+    broken = copy.deepcopy(RESULTS)
+    del broken[1]["speed"]
+    with pytest.raises(ValueError, match=r"waldorf-qa.*'speed'"):
+        render_results(broken, [], out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+    with pytest.raises(ValueError, match="unique"):
+        render_results(RESULTS + RESULTS[:1], [], out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+
+
+def test_load_results_and_empty_speed(tmp_path):
+    r = copy.deepcopy(RESULTS[0])
+    r["speed"], r["teacher"], r["test"] = None, None, None
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(r))
+    loaded = load_results([path])
+    text = render_results(loaded, [], out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+    row = _tables(text)["All runs"]
+    assert len(row) == 1 and (row[0]["Sent./s"], row[0]["Speed-up"], row[0]["Dev"]) == ("n/a", "n/a", "71.0")
+    assert "No speed was measured." in text
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_results([tmp_path / "bad.json"])

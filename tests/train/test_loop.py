@@ -1,0 +1,180 @@
+"""The student training loop end to end on tiny teachers and caches: it learns, it initialises from a
+general-distilled student, it early-stops, and a SIGKILLed run resumes to the same weights."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
+
+from distillpipe.config import FinetuneRunConfig, LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
+from distillpipe.students import load_student
+from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.train.data import IGNORE, collate
+from distillpipe.train.loop import train_student
+from distillpipe.train.objective import ObjectiveError
+
+SHARD = 32
+LOADER = {"block_rows": 32, "buffer_blocks": 2, "num_workers": 0}
+MODEL = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
+         "init_std": 0.01, "dropout": 0.0}
+ALL_AT_ONCE = {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False}
+
+
+def _optim(**over):
+    o = {"epochs": 3, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0, "max_grad_norm": 1.0,
+         "eval_every": 0, "patience": None, "checkpoint_every": 4, "seed": 0}
+    o.update(over)
+    return o
+
+
+def _objective(weights, layer_map=(-1,)):
+    return {"loss_weights": weights, "hidden_loss": "cosine", "layer_map": list(layer_map), "schedule": ALL_AT_ONCE}
+
+
+def _cls_run(**over):
+    r = {"dataset": "toy", "model": MODEL, "encoding": "joint",
+         "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
+         "objective": _objective({"hard": 0.5, "soft": 0.5}), "optim": _optim(), "note": "test"}
+    r.update(over)
+    return r
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("students")
+    base = make_tiny_bert_dir(root / "base")
+    clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
+    cls_tokens = make_classification_tokens(root / "cls", clf, n_train=96, n_dev=32)
+    mlm_tokens = make_mlm_tokens(root / "mlm", base, n_rows=64, n_dev=16)
+
+    def cfg(head, **sig):
+        return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train",
+                                                 "signals": signals(**sig)}, "teacher_cache.datasets.toy")
+
+    build_teacher_cache("cls", cls_tokens, clf, cfg("classification", logits=True, hidden_layers=[], attn_layers=[],
+                                                    pool=1), "cpu", 16, SHARD, root / "cls.zarr")
+    build_teacher_cache("mlm", mlm_tokens, base, cfg("base", hidden_layers=[2], attn_layers=[], pool=2), "cpu", 16,
+                        SHARD, root / "mlm.zarr")
+    return {"root": root, "cls": cls_tokens, "mlm": mlm_tokens, "cls_store": root / "cls.zarr",
+            "mlm_store": root / "mlm.zarr"}
+
+
+def _train(toy, tmp_path, run: dict, *, kind="cls", name="run", init=None, finetune=False):
+    torch.set_num_threads(1)
+    rcfg = build(FinetuneRunConfig if finetune else TrainRunConfig, run, f"runs.{name}")
+    model_cfg = load_student(init, torch.device("cpu"))[1]["model"] if finetune else rcfg.model
+    return train_student(name, model_cfg=model_cfg, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
+                         device="cpu", tokens_dir=toy[kind], store_path=toy[f"{kind}_store"], prepared_dir=None,
+                         out_dir=tmp_path / name, ckpt_dir=tmp_path / f"{name}.ckpt",
+                         metrics_path=tmp_path / f"{name}.json", plots_dir=tmp_path / f"{name}.plots", init_dir=init)
+
+
+def test_task_distillation_learns_and_saves(toy, tmp_path):
+    s = _train(toy, tmp_path, _cls_run(optim=_optim(epochs=12)))
+    assert s.steps == 12 * 96 // 8
+    assert s.dev["accuracy"] >= 0.9, s  # 'contains token 7' is easy for a bag of words
+    _, record = load_student(tmp_path / "run", torch.device("cpu"))
+    assert record["dev"] == s.dev and record["steps"] == s.steps
+    metrics = json.loads((tmp_path / "run.json").read_text())
+    assert metrics["dev"]["accuracy"] == s.dev["accuracy"] and metrics["train_rows"] == 96
+    steps_csv = (tmp_path / "run.plots" / "steps.csv").read_text().splitlines()
+    assert steps_csv[0].split(",")[:3] == ["step", "epoch", "lr"] and "soft" in steps_csv[0]
+    assert len(steps_csv) == 1 + s.steps
+    assert not any((tmp_path / "run.ckpt").glob("*.pt")), "checkpoints are cleared once the student is saved"
+
+
+def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
+    general = {**_cls_run(), "dataset": "toy_mlm", "head": None,
+               "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2]), "optim": _optim(epochs=2)}
+    s = _train(toy, tmp_path, general, kind="mlm", name="general")
+    first = s.steps
+    steps = [line.split(",") for line in (tmp_path / "general.plots" / "steps.csv").read_text().splitlines()]
+    header = steps[0]
+    hidden = [float(r[header.index("hidden/0")]) for r in steps[1:]]
+    assert np.mean(hidden[-4:]) < np.mean(hidden[:4]), "the hidden-state loss falls"
+    assert "mlm_accuracy" in s.dev and first == 2 * 64 // 8
+
+    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "general", "optim": _optim(epochs=0)}
+    _train(toy, tmp_path, ft, name="ft", init=tmp_path / "general", finetune=True)
+    g, _ = load_student(tmp_path / "general", torch.device("cpu"))
+    f, _ = load_student(tmp_path / "ft", torch.device("cpu"))
+    gs, fs = g.state_dict(), f.state_dict()
+    encoder = [k for k in gs if not k.startswith(("head.", "mlm_head."))]
+    assert encoder and all(torch.equal(gs[k], fs[k]) for k in encoder)
+    assert any(k.startswith("head.") for k in fs) and not any(k.startswith("mlm_head.") for k in fs)
+
+
+def test_early_stopping_keeps_the_best_weights(toy, tmp_path):
+    # lr so small that the dev score never improves after the first evaluation
+    run = _cls_run(optim=_optim(epochs=50, lr=1e-12, eval_every=2, patience=3))
+    s = _train(toy, tmp_path, run)
+    assert s.stopped_early and s.steps == 2 * 4 and s.best_step == 2
+    dev = (tmp_path / "run.plots" / "dev.csv").read_text().splitlines()
+    assert len(dev) == 1 + 4  # evaluations at steps 2, 4, 6, 8
+
+
+def test_missing_teacher_signal_is_a_clear_error(toy, tmp_path):
+    run = _cls_run(objective=_objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2]))
+    with pytest.raises(Exception, match=r"hidden/L2.*add the signals to teacher_cache"):
+        _train(toy, tmp_path, run)
+    bad = {**_cls_run(), "dataset": "toy_mlm", "head": None,
+           "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2, 2])}
+    with pytest.raises(ObjectiveError, match="layer_map has 2 entries but the student exposes 1"):
+        _train(toy, tmp_path, bad, kind="mlm")
+
+
+def test_rows_without_ground_truth_get_no_hard_labels():
+    rows = {"input_ids": [[2, 9, 3], [2, 7, 8, 3]], "token_type_ids": [[0] * 3, [0] * 4], "label": [1, 0],
+            "labeled": [True, False]}
+    _, t = collate(rows, None, kind="classification", pad_id=0, labeled=True, pairs=False, pool=1)
+    assert t["labels"].tolist() == [1, IGNORE]
+    _, t = collate(rows, None, kind="classification", pad_id=0, labeled=False, pairs=False, pool=1)
+    assert t["labels"].tolist() == [IGNORE, IGNORE]
+
+
+DRIVER = """
+import os, signal, sys
+from distillpipe.train import loop
+kill_at = int(os.environ.get("KILL_AT_STEP", "-1"))
+orig = loop.save_checkpoint
+def save(folder, step, state, keep=2):
+    path = orig(folder, step, state, keep)
+    if step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+loop.save_checkpoint = save
+from distillpipe.cli import app
+app(sys.argv[1:], prog_name="train")
+"""
+
+
+def _cli(toy, params, out, kill_at=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
+    cmd = [sys.executable, "-c", DRIVER, "train", "--run", "toy-run", "--tokens", str(toy["cls"]),
+           "--teacher-cache", str(toy["cls_store"]), "--prepared", str(toy["cls"]), "--out", str(out),
+           "--checkpoints", str(out) + ".ckpt", "--metrics", str(out) + ".json", "--plots", str(out) + ".plots",
+           "--params", str(params)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+
+
+def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
+    # dropout on: the resumed run must also continue the RNG stream exactly
+    run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_every=4, eval_every=6))
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
+                                                               "runs": {"toy-run": run}}})
+    ref = _cli(toy, params, tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr
+    killed = _cli(toy, params, tmp_path / "res", kill_at=12)  # 24 steps: killed half-way, mid-epoch 1
+    assert killed.returncode == -9, killed.stderr
+    resumed = _cli(toy, params, tmp_path / "res")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming toy-run at step 12/24" in resumed.stderr
+    a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "ref.plots" / "steps.csv").read_text() == (tmp_path / "res.plots" / "steps.csv").read_text()
