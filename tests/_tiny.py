@@ -12,11 +12,12 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0,
-                       num_labels: int = 0) -> Path:
-    """Save a random tiny BertModel (a BertForSequenceClassification when ``num_labels``) and a fast
-    WordPiece tokenizer in save_pretrained layout."""
+                       num_labels: int = 0, qa: bool = False) -> Path:
+    """Save a random tiny BertModel (a BertForSequenceClassification when ``num_labels``, a
+    BertForQuestionAnswering when ``qa``) and a fast WordPiece tokenizer in save_pretrained layout."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+    from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel,
+                              BertTokenizerFast)
 
     path.mkdir(parents=True, exist_ok=True)
     vocab = path / "vocab.txt"
@@ -26,8 +27,49 @@ def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: 
     cfg = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=hidden, num_hidden_layers=layers,
                      num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=64,
                      num_labels=max(num_labels, 2))
-    (BertForSequenceClassification(cfg) if num_labels else BertModel(cfg)).save_pretrained(path)
+    cls = BertForQuestionAnswering if qa else BertForSequenceClassification if num_labels else BertModel
+    cls(cfg).save_pretrained(path)
     return path
+
+
+def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 16, seed: int = 0) -> tuple[Path, Path]:
+    """A tiny SQuAD-v2-format dataset over the tiny vocabulary (the answer is the word after w9; a third of
+    the questions unanswerable), prepared and tokenized with the real tokenize stage: (prepared, tokens)."""
+    from datasets import Dataset, DatasetDict, Features, Sequence, Value
+
+    from distillpipe.config import TokenizeConfig, TokenizeQAConfig
+    from distillpipe.data.schema import write_meta
+    from distillpipe.data.tokenize import tokenize_dataset
+
+    features = Features({"id": Value("string"), "title": Value("string"), "context": Value("string"),
+                         "question": Value("string"),
+                         "answers": {"text": Sequence(Value("string")), "answer_start": Sequence(Value("int32"))}})
+    rng = np.random.default_rng(seed)
+
+    def split(name: str, n: int) -> Dataset:
+        rows = {k: [] for k in features}
+        for i in range(n):
+            words = [f"w{int(w)}" for w in rng.integers(10, 60, size=int(rng.integers(12, 30)))]
+            answerable = i % 3 != 2
+            if answerable:
+                k = int(rng.integers(0, len(words) - 1))
+                words[k] = "w9"
+            context = " ".join(words)
+            ans = {"text": [], "answer_start": []}
+            if answerable:
+                start = len(" ".join(words[: k + 1])) + 1
+                ans = {"text": [words[k + 1]], "answer_start": [start]}
+            for key, v in (("id", f"{name}-{i}"), ("title", f"t{i}"), ("context", context),
+                           ("question", "w1 w2 w9"), ("answers", ans)):
+                rows[key].append(v)
+        return Dataset.from_dict(rows, features=features)
+
+    prepared, tokens = root / "qa_prepared", root / "qa_tokens"
+    DatasetDict({"train": split("train", n_train), "dev": split("dev", n_dev)}).save_to_disk(str(prepared))
+    write_meta(prepared, {"name": "toy_qa", "task_type": "qa"})
+    cfg = TokenizeConfig(str(model_dir), 32, {"toy_qa": TokenizeQAConfig("qa", doc_stride=8, max_query_len=8)})
+    tokenize_dataset("toy_qa", prepared, cfg, tokens)
+    return prepared, tokens
 
 
 def tokenizer_meta(model_dir: Path) -> dict:

@@ -178,3 +178,63 @@ def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
     b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "ref.plots" / "steps.csv").read_text() == (tmp_path / "res.plots" / "steps.csv").read_text()
+
+
+def _unlabeled_copy(toy, root):
+    """The toy classification tokens as an augmented set: same rows, meta says no ground truth."""
+    import shutil
+
+    aug = root / "aug_tokens"
+    if not aug.exists():
+        shutil.copytree(toy["cls"], aug)
+        meta = json.loads((aug / "meta.json").read_text())
+        (aug / "meta.json").write_text(json.dumps({**meta, "name": "toy_aug", "labeled": False}))
+        cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
+                                                "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
+                                                                   pool=1)}, "teacher_cache.datasets.toy_aug")
+        build_teacher_cache("toy_aug", aug, toy["root"] / "clf", cfg, "cpu", 16, SHARD, root / "aug.zarr")
+    return aug, root / "aug.zarr"
+
+
+def test_augmented_rows_are_mixed_in_with_teacher_losses_only(toy, tmp_path):
+    from distillpipe.config import TrainAugRunConfig
+
+    aug_tokens, aug_store = _unlabeled_copy(toy, toy["root"])
+    rcfg = build(TrainAugRunConfig, {**_cls_run(optim=_optim(epochs=1)), "augment": "toy_aug"}, "runs.aug")
+    s = train_student("aug", model_cfg=rcfg.model, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
+                      device="cpu", tokens_dir=toy["cls"], store_path=toy["cls_store"], prepared_dir=None,
+                      out_dir=tmp_path / "aug", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
+                      plots_dir=tmp_path / "p", augment=("toy_aug", aug_tokens, aug_store))
+    assert s.steps == 96 // 8 + 96 // 8  # one epoch of each source, interleaved
+    rows = [line.split(",") for line in (tmp_path / "p" / "steps.csv").read_text().splitlines()]
+    hard = [r[rows[0].index("hard")] for r in rows[1:]]
+    soft = [r[rows[0].index("soft")] for r in rows[1:]]
+    assert all(soft) and hard.count("") == 12, "augmented batches have no ground-truth term"
+    unlabeled = [i for i, h in enumerate(hard) if h == ""]
+    assert unlabeled not in (list(range(12)), list(range(12, 24))), "the sources are interleaved, not concatenated"
+    assert json.loads((tmp_path / "m.json").read_text())["train_rows"] == 192
+
+
+def test_mixture_resumes_mid_epoch_with_the_same_batches(toy):
+    from distillpipe.train.data import Mixture, Source
+
+    aug_tokens, aug_store = _unlabeled_copy(toy, toy["root"])
+
+    def mixture():
+        kw = {"batch_size": 8, "seed": 3, "block_rows": 32, "buffer_blocks": 2, "num_workers": 0}
+        return Mixture([Source("toy", toy["cls"], toy["cls_store"], ["logits"], **kw),
+                        Source("toy_aug", aug_tokens, aug_store, ["logits"], **kw)], seed=3)
+
+    def key(item):
+        src, rows, _ = item
+        return src.info.name, tuple(map(tuple, rows["input_ids"]))
+
+    full = [key(b) for b in mixture()]
+    assert len(full) == 24 and {n for n, _ in full} == {"toy", "toy_aug"}
+    first = mixture()
+    it = iter(first)
+    head = [key(next(it)) for _ in range(10)]
+    state = first.state_dict()
+    resumed = mixture()
+    resumed.load_state_dict(state)
+    assert head + [key(b) for b in resumed] == full

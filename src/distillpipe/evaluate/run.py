@@ -60,13 +60,17 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     teacher, _ = load_teacher(teacher_dir, head, device)
     pairs = task.encoding == "diffcat"
 
+    # A fine-tuned teacher was scored on these tokens when teacher_finetune saved it (metrics.json in its
+    # folder: dev at the top level, test under "test"); only teachers without those scores are run here.
+    recorded = _recorded_teacher_scores(Path(teacher_dir), meta)
     student_scores, teacher_scores = {}, {}
     for split in splits:
         student_scores[split] = evaluate_student(model, data[split], kind=task.kind, pad_id=task.pad_id,
                                                  device=device, batch_size=cfg.batch_size, pairs=pairs,
                                                  dataset_meta=meta, prepared_dir=prepared_dir, split=split)
-        teacher_scores[split] = evaluate_teacher(teacher, data[split], meta["task_type"], task.pad_id, device,
-                                                 cfg.batch_size, None, prepared_dir, split=split)
+        teacher_scores[split] = recorded.get(split) or evaluate_teacher(
+            teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, None, prepared_dir,
+            split=split)
 
     sp = cfg.speed
 
@@ -112,6 +116,20 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
              (result["dev"] or {}).get(m, float("nan")), (result["teacher"]["dev"] or {}).get(m, float("nan")),
              s_rate, t_rate, result["speed"]["speedup"], time.time() - t0)
     return result
+
+
+def _recorded_teacher_scores(teacher_dir: Path, meta: dict) -> dict[str, dict]:
+    """{split: metrics} that teacher_finetune recorded for this dataset, or {} (e.g. an imported teacher)."""
+    from distillpipe.teacher.finetune import METRICS_FILE
+
+    path = teacher_dir / METRICS_FILE
+    if not path.is_file():
+        return {}
+    rec = json.loads(path.read_text())
+    if rec.get("task") != meta.get("name"):
+        return {}
+    dev = {k: v for k, v in rec.items() if k not in ("task", "train_rows", "steps", "test")}
+    return {"dev": dev, **({"test": rec["test"]} if rec.get("test") else {})}
 
 
 def _plain(x):

@@ -199,6 +199,9 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     metrics = evaluate_teacher(model, data["dev"], task_type, pad_id, dev_device, cfg.batch_size,
                                cfg.regression_bin_width, prepared_dir)
     report = {"task": task, "train_rows": len(train), "steps": step, **metrics}
+    if "test" in data:  # scored once here, so every student evaluation can show it without re-running the teacher
+        report["test"] = evaluate_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
+                                          cfg.regression_bin_width, prepared_dir, split="test")
     _save(model, base_dir, out_dir, report)
     metrics_path = Path(metrics_path)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,10 @@ Rows without ground truth (augmented questions: a ``labeled`` column that is fal
 meta.json with ``labeled: false``) get IGNORE labels, so only teacher losses apply to them
 (WaLDORf eq. (8)).
 
+:class:`Mixture` interleaves the batches of several sources (a dataset and its augmented,
+unlabeled rows, each with its own cache: nothing is computed twice) in a seeded order fixed per
+epoch, so its position is two integers.
+
 Collation (:func:`collate`) pads to the batch's longest row and crops the teacher's fixed-length
 arrays to match: (N, L) logits to (B, T), pooled (N, L/p, ...) arrays to (B, ceil(T/p), ...).
 """
@@ -20,6 +24,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -161,3 +166,58 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
             raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "
                                  "is not from these tokens; re-run teacher_cache")
     return batch, targets
+
+
+class Mixture:
+    """The batches of several sources interleaved in a seeded order, one epoch per ``for`` loop; resumable.
+    Each batch comes from one source (so it has one kind and one labeled flag)."""
+
+    def __init__(self, sources: Sequence[Source], seed: int):
+        self.sources = list(sources)
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Source id of every batch of ``epoch``: each source's batches, shuffled together."""
+        counts = []
+        for s in self.sources:
+            s.loader.set_epoch(epoch)
+            counts.append(len(s.loader))
+        ids = np.repeat(np.arange(len(counts)), counts)
+        if len(counts) > 1:
+            ids = np.random.default_rng([self.seed, epoch, 7919]).permutation(ids)
+        return ids
+
+    def __len__(self) -> int:
+        """Batches in the current epoch."""
+        return len(self.order(self.epoch))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.position = epoch, 0
+
+    def __iter__(self) -> Iterator[tuple[Source, dict, dict]]:
+        order = self.order(self.epoch)
+        for i, s in enumerate(self.sources):  # where each source stood at this position of the epoch
+            s.loader.set_epoch(self.epoch)
+            s.loader.batches_consumed = int((order[: self.position] == i).sum())
+        iters = [s.batches() for s in self.sources]
+        for sid in order[self.position:]:
+            rows, arrays = next(iters[sid])
+            self.position += 1  # counted before the caller sees it: a state saved now includes it
+            yield self.sources[sid], rows, arrays
+        self.epoch += 1
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "sources": [s.info.name for s in self.sources],
+                "loaders": [s.loader.state_dict() for s in self.sources]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["sources"] != [s.info.name for s in self.sources] or state["seed"] != self.seed:
+            raise ValueError(f"cannot resume: the checkpoint mixes {state['sources']} (seed {state['seed']}), this "
+                             f"run {[s.info.name for s in self.sources]} (seed {self.seed})")
+        for s, ls in zip(self.sources, state["loaders"], strict=True):
+            s.loader.load_state_dict(ls)  # checks the loader settings are the checkpoint's
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

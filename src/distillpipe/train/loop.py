@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from distillpipe.assets import json_sha256
-from distillpipe.config import FinetuneRunConfig, LoaderConfig, StudentConfig, TrainRunConfig
+from distillpipe.config import FinetuneRunConfig, LoaderConfig, StudentConfig, TrainAugRunConfig, TrainRunConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.student import evaluate_student, primary_metric
 from distillpipe.runtime import autocast, resolve_device, rng_state, seed_everything, set_rng_state
@@ -39,13 +39,13 @@ from distillpipe.store import open_store
 from distillpipe.students import build_student, load_student, save_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
-from distillpipe.train.data import Source, TrainDataError, collate
+from distillpipe.train.data import Mixture, Source, TrainDataError, collate
 from distillpipe.train.objective import Objective, probe_student, store_names
 from distillpipe.train.schedule import build_schedule
 
 log = logging.getLogger(__name__)
 
-RunConfig = TrainRunConfig | FinetuneRunConfig
+RunConfig = TrainRunConfig | FinetuneRunConfig | TrainAugRunConfig
 
 
 @dataclass
@@ -115,7 +115,10 @@ def _param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[d
 def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
                   tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None,
                   out_dir: str | Path, ckpt_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
-                  init_dir: str | Path | None = None) -> RunSummary:
+                  init_dir: str | Path | None = None,
+                  augment: tuple[str, str | Path, str | Path] | None = None) -> RunSummary:
+    """Train one student run. ``augment``: (name, tokens dir, cache) of unlabeled rows of the same kind mixed
+    into training (teacher losses only)."""
     from datasets import load_from_disk
 
     t0 = time.time()
@@ -133,9 +136,19 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
         _init_from(model, Path(init_dir))
     model.to(dev_device)
 
-    source = Source(name, tokens_dir, store_path, store_names(run.objective, task.kind, signals),
-                    batch_size=opt.batch_size, seed=opt.seed, block_rows=loader_cfg.block_rows,
-                    buffer_blocks=loader_cfg.buffer_blocks, num_workers=loader_cfg.num_workers)
+    names = store_names(run.objective, task.kind, signals)
+    loader_kw = {"batch_size": opt.batch_size, "seed": opt.seed, "block_rows": loader_cfg.block_rows,
+                 "buffer_blocks": loader_cfg.buffer_blocks, "num_workers": loader_cfg.num_workers}
+    source = Source(meta["name"], tokens_dir, store_path, names, **loader_kw)
+    sources = [source]
+    if augment is not None:
+        aug_name, aug_tokens, aug_store = augment
+        extra = Source(aug_name, aug_tokens, aug_store, names, **loader_kw)
+        if extra.info.kind != source.info.kind or extra.info.signals.to_dict() != signals.to_dict():
+            raise TrainDataError(f"augment {aug_name} must have the kind and cached signals of {meta['name']} "
+                                 f"({extra.info.kind} vs {source.info.kind}; compare their teacher_cache signals)")
+        sources.append(extra)
+    data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]
     probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True, pairs=pairs,
                              pool=signals.pool)
@@ -146,9 +159,9 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
 
     per_epoch = []
     for e in range(opt.epochs):
-        source.loader.set_epoch(e)
-        per_epoch.append(len(source.loader))
-    source.loader.set_epoch(0)
+        data.set_epoch(e)
+        per_epoch.append(len(data))
+    data.set_epoch(0)
     total = sum(per_epoch) if opt.max_steps is None else min(sum(per_epoch), opt.max_steps)
     schedule = build_schedule(run.objective.schedule, n_blocks=len(run.objective.layer_map), total_steps=max(total, 1),
                               embedding_stage=bool(run.objective.loss_weights.get("embedding")))
@@ -168,7 +181,8 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     # Resume only the same run on the same inputs; anything else starts over, saying so.
     run_id = json_sha256({"run": dataclasses.asdict(run), "model": dataclasses.asdict(model_cfg),
                           "tokens": meta["fingerprint"], "store": open_store(store_path).manifest.to_dict(),
-                          "loader": dataclasses.asdict(loader_cfg), "init": str(init_dir)})
+                          "loader": dataclasses.asdict(loader_cfg), "init": str(init_dir),
+                          "augment": [str(a) for a in augment] if augment else None})
     step, best_step, bad_evals, stopped_early = 0, 0, 0, False
     best: dict[str, float] | None = None
     best_state: dict[str, torch.Tensor] | None = None
@@ -183,7 +197,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
         model.load_state_dict(state["model"])
         objective.load_state_dict(state["objective"])
         optimizer.load_state_dict(state["optimizer"])
-        source.loader.load_state_dict(state["loader"])
+        data.load_state_dict(state["loader"])
         set_rng_state(state["rng"])
         step, best_step, bad_evals = state["step"], state["best_step"], state["bad_evals"]
         best, best_state, steps_log, dev_log = state["best"], state["best_state"], state["steps_log"], state["dev_log"]
@@ -192,7 +206,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     def checkpoint() -> None:
         save_checkpoint(ckpt_dir, step, {
             "run_id": run_id, "model": model.state_dict(), "objective": objective.state_dict(),
-            "optimizer": optimizer.state_dict(), "loader": source.loader.state_dict(), "rng": rng_state(),
+            "optimizer": optimizer.state_dict(), "loader": data.state_dict(), "rng": rng_state(),
             "step": step, "best_step": best_step, "bad_evals": bad_evals, "best": best, "best_state": best_state,
             "steps_log": steps_log, "dev_log": dev_log})
 
@@ -212,10 +226,10 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     model.train()
     last_eval = dev_log[-1]["step"] if dev_log else -1
     while step < total and not stopped_early:
-        epoch = source.loader.epoch
-        for rows, arrays in source.batches():
+        epoch = data.epoch
+        for src, rows, arrays in data:
             batch, targets = collate(rows, arrays, kind=task.kind, pad_id=task.pad_id,
-                                     labeled=source.info.labeled, pairs=pairs, pool=signals.pool)
+                                     labeled=src.info.labeled, pairs=pairs, pool=signals.pool)
             batch = {k: v.to(dev_device, non_blocking=True) for k, v in batch.items()}
             targets = {k: v.to(dev_device, non_blocking=True) for k, v in targets.items()}
             lr = opt.lr * schedule.lr_factor(step)
@@ -266,7 +280,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     seconds = time.time() - t0
     _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
                                "dev": best, "stopped_early": stopped_early,
-                               "train_rows": source.loader.dataset.store().n_rows})
+                               "train_rows": sum(s.loader.dataset.store().n_rows for s in sources)})
     _write_plots(Path(plots_dir), steps_log, dev_log)
     clear_checkpoints(ckpt_dir)
     return RunSummary(name, step, seconds, best_step, metric, best or {}, stopped_early)

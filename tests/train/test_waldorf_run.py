@@ -1,0 +1,80 @@
+"""WaLDORf through the same loop: QA tokens from the real tokenize stage, a cache with start/end logits,
+4x-pooled hidden states and max-pooled attention scores, the slow-build schedule, SQuAD v2 dev metrics."""
+
+import csv
+
+import pytest
+import torch
+
+from _tiny import make_qa_tokens, make_tiny_bert_dir, signals
+from distillpipe.config import LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
+from distillpipe.students import load_student
+from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.train.loop import train_student
+
+WALDORF = {"student": "waldorf", "embedding_size": 16, "conv_channels": [16, 32], "conv_kernel": 3, "d_model": 32,
+           "n_layers": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.0, "init_std": 0.02}
+
+
+@pytest.fixture(scope="module")
+def qa(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("qa")
+    teacher = make_tiny_bert_dir(root / "teacher", qa=True, layers=2, heads=4)
+    prepared, tokens = make_qa_tokens(root, teacher)
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train",
+                                            "signals": signals(logits=True, hidden_layers=[1, 2], attn_layers=[1, 2],
+                                                               pool=4)}, "teacher_cache.datasets.toy_qa")
+    build_teacher_cache("toy_qa", tokens, teacher, cfg, "cpu", 16, 32, root / "qa.zarr")
+    return {"prepared": prepared, "tokens": tokens, "store": root / "qa.zarr"}
+
+
+def _run(schedule, weights):
+    return build(TrainRunConfig, {
+        "dataset": "toy_qa", "model": WALDORF, "encoding": "joint", "head": None,
+        "objective": {"loss_weights": weights, "hidden_loss": "mse", "layer_map": [1, 2], "schedule": schedule},
+        "optim": {"epochs": 4, "max_steps": 30, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 10, "seed": 0},
+        "note": "test"}, "train.runs.w")
+
+
+def test_slow_build_switches_terms_on_in_order(qa, tmp_path):
+    slow = {"kind": "slow_build", "phase_steps": 8, "build_fraction": None, "warmup_fraction": 0.0,
+            "temperature": 3.0}
+    run = _run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4})
+    s = train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
+                      tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
+                      out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
+                      plots_dir=tmp_path / "p")
+    assert s.steps == 30 and s.metric == "f1"
+    assert {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(s.dev)
+    rows = list(csv.DictReader(open(tmp_path / "p" / "steps.csv")))
+    # no embedding loss -> block 0 from step 0, block 1 from step 8, the output losses from step 16 (eq. 9)
+    on = [{k for k, v in r.items() if k.split("/")[0] in ("hidden", "attn", "soft", "hard") and v} for r in rows]
+    assert on[0] == {"hidden/0", "attn/0"} and on[7] == {"hidden/0", "attn/0"}
+    assert on[8] == {"hidden/0", "attn/0", "hidden/1", "attn/1"}
+    assert on[16] >= {"soft", "hidden/1"} and all("soft" not in t for t in on[:16])
+    assert [r["phase"] for r in rows[:1] + rows[8:9] + rows[16:17]] == ["build/block0", "build/block1", "final"]
+    lrs = [float(r["lr"]) for r in rows]
+    assert lrs[0] == lrs[15] == 1e-3 and lrs[16] > lrs[20] > lrs[29] > 0  # constant, then linear decay
+    hidden0 = [float(r["hidden/0"]) for r in rows]
+    assert hidden0[15] < hidden0[0], "block 0 learns its hidden-state target during the build-up"
+    model, record = load_student(tmp_path / "w", torch.device("cpu"))
+    assert record["kind"] == "qa" and type(model).__name__ == "WaLDORf"
+
+
+def test_student_heads_must_match_teacher_heads_for_the_attention_loss(qa, tmp_path):
+    run = _run({"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False},
+               {"hard": 1.0, "attn": 1.0})
+    run = build(TrainRunConfig, {**_asdict(run), "model": {**WALDORF, "n_heads": 2}}, "train.runs.w")
+    with pytest.raises(Exception, match=r"as many student heads as teacher heads \(4\)"):
+        train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
+                      tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
+                      out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
+                      plots_dir=tmp_path / "p")
+
+
+def _asdict(run):
+    import dataclasses
+
+    return dataclasses.asdict(run)
