@@ -58,11 +58,15 @@ def _extra_user_errors() -> tuple[type[BaseException], ...]:
     """User-facing error classes of the heavier modules, imported only when a command runs."""
     from distillpipe.data.prepare import PrepareError
     from distillpipe.data.tokenize import TokenizeError
+    from distillpipe.qg import QgError
     from distillpipe.store import ManifestMismatch, StoreIncomplete
     from distillpipe.teacher.cache import TeacherCacheError
     from distillpipe.teacher.finetune import FinetuneError
+    from distillpipe.train.data import TrainDataError
+    from distillpipe.train.objective import ObjectiveError
 
-    return (PrepareError, TokenizeError, FinetuneError, TeacherCacheError, ManifestMismatch, StoreIncomplete)
+    return (PrepareError, TokenizeError, FinetuneError, TeacherCacheError, ManifestMismatch, StoreIncomplete,
+            TrainDataError, ObjectiveError, QgError)
 
 
 def _dataset_cfg(section, name: str, params: Path, section_name: str):
@@ -147,6 +151,169 @@ def teacher_cache(dataset: DatasetOpt,
     dcfg = _dataset_cfg(cfg, dataset, params, "teacher_cache")
     summary = build_teacher_cache(dataset, tokens, teacher, dcfg, cfg.device, cfg.batch_size, cfg.shard_rows, out)
     typer.echo(summary.one_line())
+
+
+@app.command("qg-finetune")
+@user_errors
+def qg_finetune(prepared: Annotated[Path, typer.Option(help="prepared QA set (its answerable train/dev rows)")],
+                out: Annotated[Path, typer.Option(help="output model folder (models/qg)")],
+                checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+                metrics: Annotated[Path, typer.Option(help="dev metrics JSON to write")],
+                params: ParamsOpt = Path("params.yaml")) -> None:
+    """Fine-tune T5 for question generation (context -> question); resumes from its checkpoints."""
+    from distillpipe.qg.finetune import finetune_qg
+
+    summary = finetune_qg(prepared, load_section("qg_finetune", params), out, checkpoints, metrics)
+    typer.echo(summary.one_line())
+
+
+@app.command()
+@user_errors
+def augment(name: Annotated[str, typer.Option(help="name of the augmented dataset (its meta.json and row ids)")],
+            corpus: Annotated[Path, typer.Option(help="prepared corpus to take paragraphs from")],
+            qg: Annotated[Path, typer.Option(help="question generator (qg_finetune's output)")],
+            out: Annotated[Path, typer.Option(help="output folder: an unlabeled prepared QA dataset")],
+            chunks: Annotated[Path, typer.Option(help="chunk folder (resume: auto; cleared on success)")],
+            exclude: Annotated[Path | None, typer.Option(help="prepared QA set whose contexts (and articles of "
+                                                         "augment.exclude_article_splits) are left out")] = None,
+            params: ParamsOpt = Path("params.yaml")) -> None:
+    """Generate questions for unlabeled paragraphs (chunked, resumable) into a prepared QA dataset."""
+    from distillpipe.qg.augment import augment as run_augment
+
+    summary = run_augment(name, corpus, exclude, qg, load_section("augment", params), out, chunks)
+    typer.echo(summary.one_line())
+
+
+RunOpt = Annotated[str, typer.Option("--run", help="run name (a key of the section's `runs`)")]
+
+
+def _run_cfg(section, name: str, params: Path, section_name: str):
+    if name not in section.runs:
+        raise ConfigError(f"{params}: {section_name}.runs has no run {name!r}; known: {sorted(section.runs)}")
+    return section.runs[name]
+
+
+def _check_dataset(tokens: Path, dataset: str, where: str) -> None:
+    from distillpipe.data.schema import read_meta
+
+    found = read_meta(tokens).get("name")
+    if found != dataset:
+        raise ConfigError(f"{where}.dataset is {dataset!r} but {tokens} holds {found!r}")
+
+
+@app.command()
+@user_errors
+def train(run: RunOpt,
+          tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
+          teacher_cache: Annotated[Path, typer.Option(help="teacher-cache store of the run's dataset")],
+          prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA contexts for dev EM/F1)")],
+          out: Annotated[Path, typer.Option(help="output student folder")],
+          checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+          metrics: Annotated[Path, typer.Option(help="training metrics JSON to write")],
+          plots: Annotated[Path, typer.Option(help="folder for per-step and per-evaluation CSVs (dvc plots)")],
+          params: ParamsOpt = Path("params.yaml")) -> None:
+    """Train a student from random initialisation against a teacher cache (general or task distillation)."""
+    from distillpipe.train.loop import train_student
+
+    cfg = load_section("train", params)
+    rcfg = _run_cfg(cfg, run, params, "train")
+    _check_dataset(tokens, rcfg.dataset, f"train.runs.{run}")
+    summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
+                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots)
+    typer.echo(summary.one_line())
+
+
+@app.command("train-aug")
+@user_errors
+def train_aug(run: RunOpt,
+              tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
+              teacher_cache: Annotated[Path, typer.Option(help="teacher-cache store of the run's dataset")],
+              augment_tokens: Annotated[Path, typer.Option(help="tokens folder of the augmented (unlabeled) rows")],
+              augment_cache: Annotated[Path, typer.Option(help="teacher-cache store of the augmented rows")],
+              prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA contexts for dev EM/F1)")],
+              out: Annotated[Path, typer.Option(help="output student folder")],
+              checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+              metrics: Annotated[Path, typer.Option(help="training metrics JSON to write")],
+              plots: Annotated[Path, typer.Option(help="folder for per-step and per-evaluation CSVs (dvc plots)")],
+              params: ParamsOpt = Path("params.yaml")) -> None:
+    """Train a student from random initialisation on a dataset plus augmented unlabeled rows (teacher losses)."""
+    from distillpipe.train.loop import train_student
+
+    cfg = load_section("train_aug", params)
+    rcfg = _run_cfg(cfg, run, params, "train_aug")
+    _check_dataset(tokens, rcfg.dataset, f"train_aug.runs.{run}")
+    _check_dataset(augment_tokens, rcfg.augment, f"train_aug.runs.{run}.augment: the")
+    summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
+                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            augment=(rcfg.augment, augment_tokens, augment_cache))
+    typer.echo(summary.one_line())
+
+
+@app.command()
+@user_errors
+def finetune(run: RunOpt,
+             init: Annotated[Path, typer.Option(help="the trained student (a `train` run) to start from")],
+             tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
+             teacher_cache: Annotated[Path, typer.Option(help="teacher-cache store of the run's dataset")],
+             prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA contexts for dev EM/F1)")],
+             out: Annotated[Path, typer.Option(help="output student folder")],
+             checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+             metrics: Annotated[Path, typer.Option(help="training metrics JSON to write")],
+             plots: Annotated[Path, typer.Option(help="folder for per-step and per-evaluation CSVs (dvc plots)")],
+             params: ParamsOpt = Path("params.yaml")) -> None:
+    """Fine-tune a trained student's encoder on a task with a fresh head (task-specific distillation)."""
+    import torch
+
+    from distillpipe.students import load_student
+    from distillpipe.train.loop import train_student
+
+    cfg = load_section("finetune", params)
+    rcfg = _run_cfg(cfg, run, params, "finetune")
+    _check_dataset(tokens, rcfg.dataset, f"finetune.runs.{run}")
+    _, record = load_student(init, torch.device("cpu"))
+    if record["name"] != rcfg.init:
+        raise ConfigError(f"finetune.runs.{run}.init is {rcfg.init!r} but {init} holds the student {record['name']!r}")
+    summary = train_student(run, model_cfg=record["model"], run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
+                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots, init_dir=init)
+    typer.echo(summary.one_line())
+
+
+@app.command()
+@user_errors
+def evaluate(run: RunOpt,
+             student: Annotated[Path, typer.Option(help="trained student folder")],
+             tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
+             prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA examples)")],
+             teacher: Annotated[Path, typer.Option(help="the teacher model folder to compare with")],
+             out: Annotated[Path, typer.Option(help="metrics JSON to write")],
+             params: ParamsOpt = Path("params.yaml")) -> None:
+    """Score a student and its teacher on dev/test, count parameters, time both in the same run."""
+    from distillpipe.evaluate.run import evaluate_run
+
+    cfg = load_section("evaluate", params)
+    rcfg = _run_cfg(cfg, run, params, "evaluate")
+    r = evaluate_run(run, cfg, rcfg, student_dir=student, tokens_dir=tokens, prepared_dir=prepared,
+                     teacher_dir=teacher, out_path=out)
+    m = r["primary_metric"]
+    typer.echo(f"evaluate {run}: dev {m} {r['dev'][m]:.4f} (teacher {r['teacher']['dev'][m]:.4f}); "
+               f"{r['speed']['student_sentences_per_s']:,.0f} vs {r['speed']['teacher_sentences_per_s']:,.0f} "
+               f"sentences/s ({r['speed']['speedup']:.1f}x)")
+
+
+@app.command()
+@user_errors
+def report(metrics: Annotated[Path, typer.Option(help="folder of per-run metrics JSONs (evaluate's outputs)")],
+           out: Annotated[Path, typer.Option(help="Markdown report to write")],
+           plot: Annotated[Path, typer.Option(help="speed-vs-quality PNG to write")],
+           params: ParamsOpt = Path("params.yaml")) -> None:
+    """Collect every evaluated run into reports/results.md and a speed-vs-quality plot."""
+    from distillpipe.evaluate.report import write_report
+
+    cfg = load_section("report", params)
+    typer.echo(write_report(metrics, cfg, out, plot))
 
 
 @app.command()

@@ -185,7 +185,8 @@ def test_meta_json_describes_tokens_and_tokenizer(wiki, tmp_path, tok):
     tokenize_dataset("wiki", wiki, mlm_cfg(), tmp_path / "o")
     meta = schema.read_meta(tmp_path / "o")
     assert set(meta) == {"name", "task_type", "kind", "fingerprint", "num_labels", "label_names", "tokenizer",
-                         "max_seq_len", "params", "summary"}
+                         "max_seq_len", "params", "summary", "labeled"}
+    assert meta["labeled"] is True  # prepare's outputs have ground truth; augment's do not
     assert (meta["name"], meta["task_type"], meta["kind"], meta["max_seq_len"]) == ("wiki", "corpus", "mlm", 32)
     assert meta["tokenizer"] | {"sha256": None} == {"spec": SPEC, "sha256": None, "vocab_size": 30522, "pad_id": 0,
                                                     "cls_id": 101, "sep_id": 102, "mask_id": 103}

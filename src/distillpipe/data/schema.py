@@ -10,7 +10,10 @@ Prepared (``data/prepared/<name>/``), one of four task types:
   qa              id, title, context, question: str,
                   answers: {text: list[str], answer_start: list[int32]}  (empty lists = unanswerable)
   splits: train, dev, test (corpus: train, dev; MNLI: dev_matched, dev_mismatched, ...)
-  meta.json: name, task_type, num_labels, label_names, text_fields, source (the params), summary
+  meta.json: name, task_type, num_labels, label_names, text_fields, source (the params), summary,
+             and optionally labeled (bool): false when the rows have no ground truth (the augment
+             stage's generated questions, every ``answers`` empty); a missing key reads as true
+             (prepare's outputs are labeled; see :func:`is_labeled`)
 
 Tokens (``data/tokens/<name>/``): unpadded rows, ids as int32; attention mask is implicit
 (ones over ``length``), so batches pad at collate time and bucket by ``length``.
@@ -24,9 +27,10 @@ Tokens (``data/tokens/<name>/``): unpadded rows, ids as int32; attention mask is
                   masked_labels (list[int32], the original ids at those positions)
   dtypes: start/end_positions int32, has_answer bool, offset_mapping list of [int32, 2],
           label int64 (float32 for regression), example_id string
-  meta.json: name, task_type, kind, fingerprint, num_labels, label_names (from the prepared
-             meta), tokenizer {spec, sha256, vocab_size, pad_id, cls_id, sep_id, mask_id},
-             max_seq_len, params, summary
+  meta.json: name, task_type, kind, fingerprint, num_labels, label_names, labeled (from the
+             prepared meta; labeled false: train with teacher losses only, WaLDORf eq. (8)),
+             tokenizer {spec, sha256, vocab_size, pad_id, cls_id, sep_id, mask_id}, max_seq_len,
+             params, summary
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ CONTEXT_OFFSET_NONE = (-1, -1)
 def write_meta(folder: str | Path, meta: dict[str, Any]) -> None:
     path = Path(folder) / META_FILE
     path.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+
+
+def is_labeled(meta: dict[str, Any]) -> bool:
+    """Whether a prepared or tokens dataset has ground truth (``labeled`` missing: true)."""
+    return bool(meta.get("labeled", True))
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:

@@ -184,6 +184,8 @@ def tokenize_dataset(name: str, prepared_dir: Path, cfg: TokenizeConfig, out_dir
         summary = writer.run(dd, tmp, t0)
         meta = {"name": name, "task_type": task_type, "kind": dcfg.kind, "fingerprint": fingerprint,
                 "num_labels": meta_in.get("num_labels"), "label_names": meta_in.get("label_names"),
+                # False for generated rows without ground truth (augment): students use teacher losses only
+                "labeled": schema.is_labeled(meta_in),
                 "tokenizer": tokenizer_meta(tok, cfg.tokenizer, tok_sha), "max_seq_len": cfg.max_seq_len,
                 "params": params, "summary": summary.to_meta()}
         schema.write_meta(tmp / "out", meta)
