@@ -39,6 +39,20 @@ def tiny_params(teacher: Path) -> dict:
     params["teacher_finetune"].update(device="cpu", tasks={"polarity": finetune_params(epochs=1, checkpoint_every=100)})
     pol = params["teacher_cache"]["datasets"]["polarity"]
     params["teacher_cache"].update(device="cpu", shard_rows=64, datasets={"polarity": pol})
+    # one tiny student on polarity, evaluated and reported; no QA, no augmentation
+    run = params["finetune"]["runs"]["hybrid-polarity"]
+    run = {k: v for k, v in run.items() if k != "init"} | {
+        "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 3, "d_vec": 8,
+                  "init_std": 0.01, "dropout": 0.1},
+        "optim": {**run["optim"], "epochs": 2, "batch_size": 32}}
+    loader = {"block_rows": 64, "buffer_blocks": 2, "num_workers": 0}
+    params["train"].update(device="cpu", loader=loader, runs={"tiny": run})
+    params["train_aug"].update(device="cpu", loader=loader, runs={})
+    params["finetune"].update(device="cpu", loader=loader, runs={})
+    params["evaluate"].update(device="cpu", runs={"tiny": {"dataset": "polarity", "teacher": "polarity"}},
+                              speed={"batch_size": 8, "seq_len": 16, "warmup": 0, "repeats": 1,
+                                     "batches_per_repeat": 1})
+    params["report"]["tables"] = []
     return params
 
 
@@ -49,20 +63,22 @@ def test_two_clones_share_the_teacher_cache_through_a_remote(tmp_path):
     sh(tmp_path, "git", "clone", "-q", str(ROOT), str(a))
     (a / "params.yaml").write_text(yaml.safe_dump(tiny_params(teacher), sort_keys=False))
     dvc = str(BIN / "dvc")
-    out = sh(a, dvc, "repro")
-    assert "Running stage 'teacher_cache@polarity'" in out
-    assert "up to date" in sh(a, dvc, "repro")  # a second repro is a no-op
+    # `report` and everything upstream of it (qg_finetune/augment feed only augmented runs: none here)
+    out = sh(a, dvc, "repro", "report")
+    assert "Running stage 'teacher_cache@polarity'" in out and "Running stage 'evaluate@tiny'" in out
+    assert "up to date" in sh(a, dvc, "repro", "report")  # a second repro is a no-op
     sh(a, dvc, "remote", "add", "-d", "shared", str(remote))
     sh(a, dvc, "push")
-    sh(a, "git", "add", "params.yaml", "dvc.lock", ".dvc/config", "metrics")  # metrics live in git
+    sh(a, "git", "add", "params.yaml", "dvc.lock", ".dvc/config", "metrics", "plots", "reports")  # cache: false
     sh(a, "git", "commit", "-qm", "pipeline run")
 
     sh(tmp_path, "git", "clone", "-q", str(a), str(b))
-    sh(b, dvc, "pull")
-    status = sh(b, dvc, "status")
+    sh(b, dvc, "pull", "--with-deps", "report")  # what A ran (qg_finetune/augment were not)
+    status = sh(b, dvc, "status", "--with-deps", "report")
     assert "up to date" in status, status
-    out = sh(b, dvc, "repro")
-    assert "Running stage" not in out, out  # nothing ran on B: not the teacher, not anything else
+    out = sh(b, dvc, "repro", "report")
+    assert "Running stage" not in out, out  # nothing ran on B: not the teacher, not the student, nothing
+    assert (b / "models/students/tiny/model.pt").read_bytes() == (a / "models/students/tiny/model.pt").read_bytes()
     store_a = sorted(p.relative_to(a) for p in (a / "data/teacher/polarity.zarr").rglob("*") if p.is_file())
     store_b = sorted(p.relative_to(b) for p in (b / "data/teacher/polarity.zarr").rglob("*") if p.is_file())
     assert store_a == store_b and store_a
