@@ -33,3 +33,15 @@ def shared_data() -> Path:
     if SHARED_DATA is None:
         pytest.skip("shared/data (real-format samples) not found beside the repository")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tests use tiny tensors: extra intra-op threads only contend (on a busy 2-core machine a small op
+    can wait ~10 ms for a thread, making tests ~10x slower). Subprocesses set OMP_NUM_THREADS=1."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -123,7 +123,7 @@ def teacher_finetune(task: Annotated[str, typer.Option(help="a key of teacher_fi
                      tokens: Annotated[Path, typer.Option(help="tokenized task folder")],
                      prepared: Annotated[Path, typer.Option(help="prepared task folder (QA contexts for dev EM/F1)")],
                      out: Annotated[Path, typer.Option(help="output model folder")],
-                     checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+                     checkpoints: CheckpointsOpt,
                      metrics: Annotated[Path, typer.Option(help="dev metrics JSON to write")],
                      params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune the teacher on a task; resumes from its checkpoints; writes the model and dev metrics."""
@@ -157,7 +157,7 @@ def teacher_cache(dataset: DatasetOpt,
 @user_errors
 def qg_finetune(prepared: Annotated[Path, typer.Option(help="prepared QA set (its answerable train/dev rows)")],
                 out: Annotated[Path, typer.Option(help="output model folder (models/qg)")],
-                checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
+                checkpoints: CheckpointsOpt,
                 metrics: Annotated[Path, typer.Option(help="dev metrics JSON to write")],
                 params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune T5 for question generation (context -> question); resumes from its checkpoints."""
@@ -185,6 +185,13 @@ def augment(name: Annotated[str, typer.Option(help="name of the augmented datase
 
 
 RunOpt = Annotated[str, typer.Option("--run", help="run name (a key of the section's `runs`)")]
+TokensOpt = Annotated[Path, typer.Option("--tokens", help="tokens folder of the run's dataset")]
+CacheOpt = Annotated[Path, typer.Option("--teacher-cache", help="teacher-cache store of the run's dataset")]
+PreparedOpt = Annotated[Path, typer.Option("--prepared", help="prepared dataset folder (QA contexts for dev EM/F1)")]
+StudentOutOpt = Annotated[Path, typer.Option("--out", help="output student folder")]
+CheckpointsOpt = Annotated[Path, typer.Option("--checkpoints", help="checkpoint folder (resume: auto)")]
+TrainMetricsOpt = Annotated[Path, typer.Option("--metrics", help="training metrics JSON to write")]
+PlotsOpt = Annotated[Path, typer.Option("--plots", help="folder for per-step and per-evaluation CSVs (dvc plots)")]
 
 
 def _run_cfg(section, name: str, params: Path, section_name: str):
@@ -204,13 +211,13 @@ def _check_dataset(tokens: Path, dataset: str, where: str) -> None:
 @app.command()
 @user_errors
 def train(run: RunOpt,
-          tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
-          teacher_cache: Annotated[Path, typer.Option(help="teacher-cache store of the run's dataset")],
-          prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA contexts for dev EM/F1)")],
-          out: Annotated[Path, typer.Option(help="output student folder")],
-          checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
-          metrics: Annotated[Path, typer.Option(help="training metrics JSON to write")],
-          plots: Annotated[Path, typer.Option(help="folder for per-step and per-evaluation CSVs (dvc plots)")],
+          tokens: TokensOpt,
+          teacher_cache: CacheOpt,
+          prepared: PreparedOpt,
+          out: StudentOutOpt,
+          checkpoints: CheckpointsOpt,
+          metrics: TrainMetricsOpt,
+          plots: PlotsOpt,
           params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation against a teacher cache (general or task distillation)."""
     from distillpipe.train.loop import train_student
@@ -227,15 +234,15 @@ def train(run: RunOpt,
 @app.command("train-aug")
 @user_errors
 def train_aug(run: RunOpt,
-              tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
-              teacher_cache: Annotated[Path, typer.Option(help="teacher-cache store of the run's dataset")],
+              tokens: TokensOpt,
+              teacher_cache: CacheOpt,
               augment_tokens: Annotated[Path, typer.Option(help="tokens folder of the augmented (unlabeled) rows")],
               augment_cache: Annotated[Path, typer.Option(help="teacher-cache store of the augmented rows")],
-              prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA contexts for dev EM/F1)")],
-              out: Annotated[Path, typer.Option(help="output student folder")],
-              checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
-              metrics: Annotated[Path, typer.Option(help="training metrics JSON to write")],
-              plots: Annotated[Path, typer.Option(help="folder for per-step and per-evaluation CSVs (dvc plots)")],
+              prepared: PreparedOpt,
+              out: StudentOutOpt,
+              checkpoints: CheckpointsOpt,
+              metrics: TrainMetricsOpt,
+              plots: PlotsOpt,
               params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation on a dataset plus augmented unlabeled rows (teacher losses)."""
     from distillpipe.train.loop import train_student
@@ -255,13 +262,13 @@ def train_aug(run: RunOpt,
 @user_errors
 def finetune(run: RunOpt,
              init: Annotated[Path, typer.Option(help="the trained student (a `train` run) to start from")],
-             tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
-             teacher_cache: Annotated[Path, typer.Option(help="teacher-cache store of the run's dataset")],
-             prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA contexts for dev EM/F1)")],
-             out: Annotated[Path, typer.Option(help="output student folder")],
-             checkpoints: Annotated[Path, typer.Option(help="checkpoint folder (resume: auto)")],
-             metrics: Annotated[Path, typer.Option(help="training metrics JSON to write")],
-             plots: Annotated[Path, typer.Option(help="folder for per-step and per-evaluation CSVs (dvc plots)")],
+             tokens: TokensOpt,
+             teacher_cache: CacheOpt,
+             prepared: PreparedOpt,
+             out: StudentOutOpt,
+             checkpoints: CheckpointsOpt,
+             metrics: TrainMetricsOpt,
+             plots: PlotsOpt,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune a trained student's encoder on a task with a fresh head (task-specific distillation)."""
     import torch
@@ -285,7 +292,7 @@ def finetune(run: RunOpt,
 @user_errors
 def evaluate(run: RunOpt,
              student: Annotated[Path, typer.Option(help="trained student folder")],
-             tokens: Annotated[Path, typer.Option(help="tokens folder of the run's dataset")],
+             tokens: TokensOpt,
              prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA examples)")],
              teacher: Annotated[Path, typer.Option(help="the teacher model folder to compare with")],
              out: Annotated[Path, typer.Option(help="metrics JSON to write")],

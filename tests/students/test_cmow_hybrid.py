@@ -12,14 +12,6 @@ from distillpipe.students.heads import diffcat
 V, D, DVEC = 50, 4, 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: threads only contend on the shared 2-core machine (10x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def model_cfg(variant="hybrid", bidirectional=True, dropout=0.0, init_std=0.01, d=D, d_vec=DVEC):
     return CMOWHybridConfig(

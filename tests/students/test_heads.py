@@ -7,15 +7,6 @@ from distillpipe.config import HeadConfig
 from distillpipe.students.heads import build_head, diffcat
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: threads only contend on the shared 2-core machine (10x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def head_cfg(kind, hidden=16, dropout=0.0):
     return HeadConfig(type=kind, hidden_size=hidden, dropout=dropout)
 

@@ -9,15 +9,6 @@ from torch.overrides import TorchFunctionMode
 from distillpipe.students.scan import prefix_products, suffix_products, tree_product
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: threads only contend on the shared 2-core machine (10x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def naive_prefix(X: torch.Tensor) -> torch.Tensor:
     out, acc = [], None
     for i in range(X.shape[1]):

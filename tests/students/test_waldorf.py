@@ -57,14 +57,6 @@ def row(batch: dict[str, torch.Tensor], i: int, n: int) -> dict[str, torch.Tenso
     return {k: v[i : i + 1, :n] for k, v in batch.items()}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread. Two threads on 2 shared, busy cores run these tests ~10x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture
 def model() -> WaLDORf:

@@ -65,7 +65,6 @@ def toy(tmp_path_factory):
 
 
 def _train(toy, tmp_path, run: dict, *, kind="cls", name="run", init=None, finetune=False):
-    torch.set_num_threads(1)
     rcfg = build(FinetuneRunConfig if finetune else TrainRunConfig, run, f"runs.{name}")
     model_cfg = load_student(init, torch.device("cpu"))[1]["model"] if finetune else rcfg.model
     return train_student(name, model_cfg=model_cfg, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),

@@ -5,8 +5,8 @@ import csv
 
 import pytest
 import torch
-
 from _tiny import make_qa_tokens, make_tiny_bert_dir, signals
+
 from distillpipe.config import LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
@@ -18,7 +18,6 @@ WALDORF = {"student": "waldorf", "embedding_size": 16, "conv_channels": [16, 32]
 
 @pytest.fixture(scope="module")
 def qa(tmp_path_factory):
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("qa")
     teacher = make_tiny_bert_dir(root / "teacher", qa=True, layers=2, heads=4)
     prepared, tokens = make_qa_tokens(root, teacher)
@@ -48,7 +47,7 @@ def test_slow_build_switches_terms_on_in_order(qa, tmp_path):
                       plots_dir=tmp_path / "p")
     assert s.steps == 30 and s.metric == "f1"
     assert {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(s.dev)
-    rows = list(csv.DictReader(open(tmp_path / "p" / "steps.csv")))
+    rows = list(csv.DictReader((tmp_path / "p" / "steps.csv").read_text().splitlines()))
     # no embedding loss -> block 0 from step 0, block 1 from step 8, the output losses from step 16 (eq. 9)
     on = [{k for k, v in r.items() if k.split("/")[0] in ("hidden", "attn", "soft", "hard") and v} for r in rows]
     assert on[0] == {"hidden/0", "attn/0"} and on[7] == {"hidden/0", "attn/0"}
@@ -78,3 +77,56 @@ def _asdict(run):
     import dataclasses
 
     return dataclasses.asdict(run)
+
+
+DRIVER = """
+import os, signal, sys
+from distillpipe.train import loop
+kill_at = int(os.environ.get("KILL_AT_STEP", "-1"))
+orig = loop.save_checkpoint
+def save(folder, step, state, keep=2):
+    path = orig(folder, step, state, keep)
+    if step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+loop.save_checkpoint = save
+from distillpipe.cli import app
+app(sys.argv[1:], prog_name="train")
+"""
+
+
+def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path):
+    import dataclasses
+    import os
+    import subprocess
+    import sys
+
+    from _tiny import write_params
+
+    slow = {"kind": "slow_build", "phase_steps": 6, "build_fraction": None, "warmup_fraction": 0.0,
+            "temperature": 3.0}
+    run = dataclasses.asdict(_run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4}))
+    run["model"]["dropout"] = 0.1  # the resumed run must continue the dropout RNG stream too
+    run["optim"].update(max_steps=24, checkpoint_every=5)
+    run["dataset"] = "toy_qa"
+    params = write_params(tmp_path / "params.yaml", {"train": {
+        "device": "cpu", "loader": {"block_rows": 32, "buffer_blocks": 2, "num_workers": 0}, "runs": {"w": run}}})
+
+    def cli(out, kill_at=None):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
+        cmd = [sys.executable, "-c", DRIVER, "train", "--run", "w", "--tokens", str(qa["tokens"]), "--teacher-cache",
+               str(qa["store"]), "--prepared", str(qa["prepared"]), "--out", str(out), "--checkpoints",
+               str(out) + ".ckpt", "--metrics", str(out) + ".json", "--plots", str(out) + ".plots",
+               "--params", str(params)]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+
+    ref = cli(tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr
+    killed = cli(tmp_path / "res", kill_at=10)  # block 1's stage (steps 6-11): mid-schedule
+    assert killed.returncode == -9, killed.stderr
+    resumed = cli(tmp_path / "res")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming w at step 10/24" in resumed.stderr
+    a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
