@@ -65,7 +65,9 @@ def report(name: str, n: int, seconds: float, tokens: int, base: float | None = 
 def main() -> None:
     device = resolve_device(ARGS.device)
     paragraphs = [p for a in wiki_articles(150, Skips()) for p in a.paragraphs]
-    sources = [source_text(p, None) for p in paragraphs[:: max(1, len(paragraphs) // ARGS.paragraphs)][: ARGS.paragraphs]]
+    sources = [
+        source_text(p, None) for p in paragraphs[:: max(1, len(paragraphs) // ARGS.paragraphs)][: ARGS.paragraphs]
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = ARGS.model or (Path("models/qg") if Path("models/qg/config.json").is_file() else None)
         if model_dir is None:

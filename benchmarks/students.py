@@ -555,8 +555,8 @@ def bench_training(device, rows: int, L: int, batch_size: int, repeats: int, stu
                 cls_signals,
                 _run_cfg(student, "bench_cls", MLP_HEAD, {"hard": 0.5, "soft": 0.5}, [-1], batch_size),
                 (
-                    "task distillation: CMOW/CBOW-Hybrid + MLP head; CE + soft CE to the logits of MiniLM with a random "
-                    "classification head"
+                    "task distillation: CMOW/CBOW-Hybrid + MLP head; CE + soft CE to the logits of MiniLM with a "
+                    "random classification head"
                 ),
             ),
         ]

@@ -1,4 +1,5 @@
-"""DVC stage `teacher_finetune`: a thin wrapper over `distillpipe teacher-finetune` (see `distillpipe teacher-finetune --help`).
+"""DVC stage `teacher_finetune`: a thin wrapper over `distillpipe teacher-finetune`
+(see `distillpipe teacher-finetune --help`).
 
 dvc.yaml is the one place that names paths; this script only forwards its arguments.
 """

@@ -1,4 +1,5 @@
-"""DVC stage `teacher_import`: a thin wrapper over `distillpipe teacher-import` (see `distillpipe teacher-import --help`).
+"""DVC stage `teacher_import`: a thin wrapper over `distillpipe teacher-import`
+(see `distillpipe teacher-import --help`).
 
 dvc.yaml is the one place that names paths; this script only forwards its arguments.
 """

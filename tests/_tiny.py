@@ -16,8 +16,13 @@ def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: 
     """Save a random tiny BertModel (a BertForSequenceClassification when ``num_labels``, a
     BertForQuestionAnswering when ``qa``) and a fast WordPiece tokenizer in save_pretrained layout."""
     import torch
-    from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel,
-                              BertTokenizerFast)
+    from transformers import (
+        BertConfig,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertModel,
+        BertTokenizerFast,
+    )
 
     path.mkdir(parents=True, exist_ok=True)
     vocab = path / "vocab.txt"

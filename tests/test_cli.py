@@ -4,9 +4,9 @@ import time
 from pathlib import Path
 
 import yaml
+from _tiny import make_mlm_tokens, make_tiny_bert_dir, signals, write_params
 from typer.testing import CliRunner
 
-from _tiny import make_mlm_tokens, make_tiny_bert_dir, signals, write_params
 from distillpipe.cli import app
 
 runner = CliRunner()

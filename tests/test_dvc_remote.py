@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from _tiny import finetune_params, make_tiny_bert_dir
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,9 @@ import time
 
 import pytest
 import torch
+from _tiny import finetune_params, make_classification_tokens, make_tiny_bert_dir, write_params
 from safetensors.torch import load_file
 
-from _tiny import finetune_params, make_classification_tokens, make_tiny_bert_dir, write_params
 from distillpipe.assets import tokenizer_sha256
 from distillpipe.config import TeacherFinetuneTaskConfig, build
 from distillpipe.teacher.finetune import FinetuneError, finetune_teacher

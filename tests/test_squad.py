@@ -1,12 +1,18 @@
 """SQuAD v2 metric and span post-processing: hand-checked cases and the real-format sample."""
 
 import json
+
 import numpy as np
 import pytest
 
-from distillpipe.evaluate.squad import (SpanPrediction, best_spans, exact_match, f1_score, normalize_answer,
-                                        squad_v2_scores)
-
+from distillpipe.evaluate.squad import (
+    SpanPrediction,
+    best_spans,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    squad_v2_scores,
+)
 
 
 def test_normalize_answer_official_rules():
@@ -35,7 +41,8 @@ def _examples():
 
 def test_scores_multiple_golds_and_no_answer():
     ex = _examples()
-    preds = {"q1": SpanPrediction("Paris", -5.0), "q2": SpanPrediction("Bern", 3.0), "q3": SpanPrediction("in 1889", -1.0)}
+    preds = {"q1": SpanPrediction("Paris", -5.0), "q2": SpanPrediction("Bern", 3.0),
+             "q3": SpanPrediction("in 1889", -1.0)}
     s = squad_v2_scores(ex, preds, threshold=0.0)
     # q1 right, q2 abstains (margin 3 > 0) which is right, q3 matches the second gold exactly.
     assert s["exact"] == pytest.approx(100.0) and s["f1"] == pytest.approx(100.0)
@@ -77,8 +84,9 @@ def test_best_spans_over_windows():
 
 def test_official_metric_on_real_sample(shared_data):
     data = json.loads((shared_data / "squad_v2" / "train-sample.json").read_text())
-    ex = [{"id": q["id"], "context": p["context"], "answers": {"text": [a["text"] for a in q["answers"]],
-                                                                "answer_start": [a["answer_start"] for a in q["answers"]]}}
+    ex = [{"id": q["id"], "context": p["context"],
+           "answers": {"text": [a["text"] for a in q["answers"]],
+                       "answer_start": [a["answer_start"] for a in q["answers"]]}}
           for art in data["data"] for p in art["paragraphs"] for q in p["qas"]]
     assert len(ex) == 2013
     gold = {e["id"]: SpanPrediction(e["answers"]["text"][0] if e["answers"]["text"] else "", -1.0) for e in ex}

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
+
 from distillpipe.config import TeacherCacheDatasetConfig, build
 from distillpipe.store import ManifestMismatch, open_store
 from distillpipe.teacher.cache import TeacherCacheError, build_teacher_cache
@@ -98,7 +98,8 @@ def test_bad_combinations_are_refused(tiny, tmp_path):
         (other / "vocab.txt").write_text((other / "vocab.txt").read_text() + "extra\n")
         build_teacher_cache("toy", tiny["mlm"], other, _cfg(), "cpu", 8, SHARD, tmp_path / "x.zarr")
     with pytest.raises(TeacherCacheError, match="split='dev'"):
-        cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "dev", "signals": signals()}, "k")
+        cfg = build(TeacherCacheDatasetConfig,
+                    {"teacher": "t", "head": "base", "split": "dev", "signals": signals()}, "k")
         build_teacher_cache("toy", tiny["mlm"], tiny["base"], cfg, "cpu", 8, SHARD, tmp_path / "y.zarr")
 
 

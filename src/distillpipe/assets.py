@@ -123,7 +123,8 @@ def tokenizer_sha256(model_dir: str | Path) -> str:
 def weights_sha256(model_dir: str | Path) -> str:
     """Digest of the weights and model config (what decides the teacher's outputs)."""
     model_dir = Path(model_dir)
-    files = [p for p in model_dir.iterdir() if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")]
+    files = [p for p in model_dir.iterdir()
+             if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")]
     if not files:
         raise AssetError(f"{model_dir} holds no weights (*.safetensors / *.bin)")
     return sha256_files(files, root=model_dir)

@@ -71,7 +71,8 @@ def _extra_user_errors() -> tuple[type[BaseException], ...]:
 
 def _dataset_cfg(section, name: str, params: Path, section_name: str):
     if name not in section.datasets:
-        raise ConfigError(f"{params}: {section_name}.datasets has no dataset {name!r}; known: {sorted(section.datasets)}")
+        raise ConfigError(f"{params}: {section_name}.datasets has no dataset {name!r}; "
+                          f"known: {sorted(section.datasets)}")
     return section.datasets[name]
 
 
@@ -326,7 +327,8 @@ def report(metrics: Annotated[Path, typer.Option(help="folder of per-run metrics
 @app.command()
 @user_errors
 def inspect(store: Annotated[Path, typer.Argument(help="a teacher-cache store (data/teacher/<dataset>.zarr)")],
-            verify: Annotated[bool, typer.Option(help="also check every shard file against its checksum")] = False) -> None:
+            verify: Annotated[bool, typer.Option(help="also check every shard file against its checksum")] = False,
+            ) -> None:
     """Show a teacher cache: manifest, arrays, shapes, dtypes, shards, bytes per row, compression."""
     from distillpipe.store import format_info, open_store
 

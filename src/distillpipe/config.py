@@ -233,7 +233,8 @@ class TokenizeConfig:
             raise ConfigError(f"tokenize.max_seq_len={self.max_seq_len} is too small (>= 8)")
         for name, ds in self.datasets.items():
             if isinstance(ds, TokenizeQAConfig) and not 0 < ds.doc_stride < self.max_seq_len - ds.max_query_len - 3:
-                raise ConfigError(f"tokenize.datasets.{name}.doc_stride must be in (0, max_seq_len - max_query_len - 3): "
+                raise ConfigError(f"tokenize.datasets.{name}.doc_stride must be in "
+                                  "(0, max_seq_len - max_query_len - 3): "
                                   "a window must hold the question, 3 special tokens and more context than the stride")
 
 

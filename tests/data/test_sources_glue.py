@@ -10,7 +10,8 @@ from distillpipe.data.sources import PrepareError, build_source
 
 
 def glue(task, files, encoding="utf-8", on_bad_rows="error"):
-    return build(LocalGlueConfig, dict(source="local", format="glue", task=task, files={k: str(v) for k, v in files.items()},
+    return build(LocalGlueConfig, dict(source="local", format="glue", task=task,
+                                       files={k: str(v) for k, v in files.items()},
                                        encoding=encoding, on_bad_rows=on_bad_rows), "prepare.datasets.x")
 
 

@@ -18,7 +18,8 @@ def hub(name, subset=None, text_field="text", splits=None):
 
 
 @pytest.mark.parametrize("name, snippet", [
-    ("glue/sst2", "format: glue\n      task: sst2\n      files: {train: data/glue/SST-2/train.tsv, dev: data/glue/SST-2/dev.tsv}"),
+    ("glue/sst2", "format: glue\n      task: sst2\n"
+                  "      files: {train: data/glue/SST-2/train.tsv, dev: data/glue/SST-2/dev.tsv}"),
     ("glue/mnli", "dev_matched: data/glue/MNLI/dev_matched.tsv, dev_mismatched: data/glue/MNLI/dev_mismatched.tsv"),
     ("squad_v2", "format: squad"),
     ("wikimedia/wikipedia", "format: jsonl"),
@@ -56,7 +57,8 @@ def test_map_glue_pair_task():
         {"premise": ["A man sleeps.", "A dog runs."], "hypothesis": ["A man rests.", "A cat runs."],
          "label": [0, -1], "idx": [7, 8]},
         features=Features({"premise": Value("string"), "hypothesis": Value("string"),
-                           "label": ClassLabel(names=["entailment", "neutral", "contradiction"]), "idx": Value("int32")}),
+                           "label": ClassLabel(names=["entailment", "neutral", "contradiction"]),
+                           "idx": Value("int32")}),
     )
     out = map_hub_split("glue:mnli", ds, hub("glue/mnli"), Skips())
     assert out.features == FEATURES["classification"]
@@ -69,9 +71,11 @@ def test_map_glue_pair_task():
 def test_map_glue_single_and_regression():
     sst = Dataset.from_dict({"sentence": ["good film"], "label": [1], "idx": [0]},
                             features=Features({"sentence": Value("string"),
-                                               "label": ClassLabel(names=["negative", "positive"]), "idx": Value("int32")}))
+                                               "label": ClassLabel(names=["negative", "positive"]),
+                                               "idx": Value("int32")}))
     out = map_hub_split("glue:sst2", sst, hub("glue/sst2"), Skips())
-    assert out.features == FEATURES["classification_single"] and out[0] == {"id": "0", "text_a": "good film", "label": 1}
+    assert (out.features == FEATURES["classification_single"]
+            and out[0] == {"id": "0", "text_a": "good film", "label": 1})
     sts = Dataset.from_dict({"sentence1": ["a"], "sentence2": ["b"], "label": [3.8], "idx": [4]})
     out = map_hub_split("glue:stsb", sts, hub("glue/stsb"), Skips())
     assert out.features == FEATURES["regression"] and out[0]["label"] == pytest.approx(3.8)
@@ -80,7 +84,8 @@ def test_map_glue_single_and_regression():
 def test_map_glue_label_order_mismatch_is_refused():
     ds = Dataset.from_dict({"sentence": ["x"], "label": [0], "idx": [0]},
                            features=Features({"sentence": Value("string"),
-                                              "label": ClassLabel(names=["positive", "negative"]), "idx": Value("int32")}))
+                                              "label": ClassLabel(names=["positive", "negative"]),
+                                              "idx": Value("int32")}))
     with pytest.raises(PrepareError, match="label names"):
         map_hub_split("glue:sst2", ds, hub("glue/sst2"), Skips())
 
@@ -99,7 +104,8 @@ def test_map_squad():
 
 
 def test_map_corpus_counts_empty_documents():
-    ds = Dataset.from_dict({"id": ["12", "13", "14"], "title": ["A", "B", "C"], "text": ["Alpha text.", "  ", "Gamma."]})
+    ds = Dataset.from_dict({"id": ["12", "13", "14"], "title": ["A", "B", "C"],
+                            "text": ["Alpha text.", "  ", "Gamma."]})
     skips = Skips()
     out = map_hub_split("corpus", ds, hub("wikimedia/wikipedia", "20231101.en"), skips)
     assert out.to_list() == [{"doc_id": "12", "text": "Alpha text."}, {"doc_id": "14", "text": "Gamma."}]

@@ -12,8 +12,7 @@ import pytest
 from datasets import Dataset, DatasetDict, Features, List, Value, load_from_disk
 
 from distillpipe.assets import resolve_model
-from distillpipe.config import (TokenizeClassificationConfig, TokenizeConfig, TokenizeMLMConfig,
-                                TokenizeQAConfig)
+from distillpipe.config import TokenizeClassificationConfig, TokenizeConfig, TokenizeMLMConfig, TokenizeQAConfig
 from distillpipe.data import schema
 from distillpipe.data.tokenize import TokenizeError, load_tokenizer, tokenize_dataset
 
@@ -220,7 +219,8 @@ def test_kind_must_fit_the_prepared_task_type(wiki, tmp_path):
 
 
 def test_a_split_without_any_token_is_refused(tmp_path):
-    empty = write_prepared(tmp_path / "wiki", "corpus", {"train": corpus(DOCS), "dev": {"doc_id": ["x"], "text": [" "]}})
+    empty = write_prepared(tmp_path / "wiki", "corpus",
+                           {"train": corpus(DOCS), "dev": {"doc_id": ["x"], "text": [" "]}})
     with pytest.raises(TokenizeError, match=r"wiki/dev \(1 rows\) gives no tokens"):
         tokenize_dataset("wiki", empty, mlm_cfg(), tmp_path / "o")
     assert not (tmp_path / "o").exists() and not (tmp_path / ".o.tmp").exists()

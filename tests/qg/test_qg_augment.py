@@ -65,8 +65,9 @@ def _rows(out):
 
 
 def _files(out):
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.suffix in (".arrow", ".json") and
-            p.name != "state.json"} | {f"train/{p.name}": p.read_bytes() for p in sorted((out / "train").glob("*.arrow"))}
+    return ({p.name: p.read_bytes() for p in sorted(out.iterdir())
+             if p.suffix in (".arrow", ".json") and p.name != "state.json"}
+            | {f"train/{p.name}": p.read_bytes() for p in sorted((out / "train").glob("*.arrow"))})
 
 
 @pytest.fixture(scope="module")

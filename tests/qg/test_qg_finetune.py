@@ -90,7 +90,8 @@ def test_answer_hint_format_and_cut_off_answers(toy_qa, tmp_path):
 def test_hub_model_offline_fails_fast(toy_qa, tmp_path):
     cfg = _cfg(model={"source": "pretrained", "base": "google/flan-t5-base"})
     t = time.perf_counter()
-    with pytest.raises(AssetError, match=r"'google/flan-t5-base' is not in the local Hugging Face cache.*HF_HUB_OFFLINE"):
+    with pytest.raises(AssetError,
+                       match=r"'google/flan-t5-base' is not in the local Hugging Face cache.*HF_HUB_OFFLINE"):
         finetune_qg(toy_qa, cfg, tmp_path / "qg", tmp_path / "ckpt", tmp_path / "m.json")
     assert time.perf_counter() - t < 10
     assert not (tmp_path / "qg").exists()
@@ -136,7 +137,8 @@ def test_killed_run_resumes_to_identical_weights(toy_qa, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "out").exists(), "the run finished before it could be killed; make it longer"
-    res = subprocess.run(_cli(params, toy_qa, tmp_path / "out", ckpt), env=env, capture_output=True, text=True, check=False)
+    res = subprocess.run(_cli(params, toy_qa, tmp_path / "out", ckpt), env=env, capture_output=True, text=True,
+                         check=False)
     assert res.returncode == 0, res.stderr
     assert "resuming qg_finetune at epoch" in res.stderr
     a, b = load_file(tmp_path / "ref" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")

@@ -58,7 +58,8 @@ def test_decoding_kwargs():
     assert decoding_kwargs(GreedyDecodingConfig(kind="greedy"), 1, 20, 3) == {
         "max_new_tokens": 20, "num_return_sequences": 1, "no_repeat_ngram_size": 3, "do_sample": False, "num_beams": 1}
     kw = decoding_kwargs(SampleDecodingConfig(kind="sample", temperature=0.7, top_k=50, top_p=0.9), 2, 20, 0)
-    assert kw["do_sample"] and (kw["temperature"], kw["top_k"], kw["top_p"], kw["num_return_sequences"]) == (0.7, 50, 0.9, 2)
+    assert (kw["do_sample"]
+            and (kw["temperature"], kw["top_k"], kw["top_p"], kw["num_return_sequences"]) == (0.7, 50, 0.9, 2))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -19,7 +19,8 @@ def test_sentencepiece_is_deterministic_and_round_trips(tmp_path):
     a.mkdir(), b.mkdir()
     size = train_sentencepiece(_texts(), 120, 1.0, a / SPM_FILE)
     train_sentencepiece(_texts(), 120, 1.0, b / SPM_FILE)
-    assert (a / SPM_FILE).read_bytes() == (b / SPM_FILE).read_bytes(), "same texts, same vocabulary (resume relies on it)"
+    assert (a / SPM_FILE).read_bytes() == (b / SPM_FILE).read_bytes(), (
+        "same texts, same vocabulary (resume relies on it)")
     sp = spm.SentencePieceProcessor(model_file=str(a / SPM_FILE))
     assert sp.get_piece_size() == size <= 120
     assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (PAD_ID, EOS_ID, UNK_ID, -1)  # T5's ids

@@ -54,7 +54,8 @@ def test_each_epoch_covers_every_row_once_with_the_right_data(reference_store):
 
 def test_shuffle_levels():
     m = tiny_manifest()
-    epochs = [[b for w in block_windows(m, block_rows=64, buffer_blocks=3, seed=7, epoch=e) for b in w] for e in range(8)]
+    epochs = [[b for w in block_windows(m, block_rows=64, buffer_blocks=3, seed=7, epoch=e) for b in w]
+              for e in range(8)]
     assert [len(w) for w in block_windows(m, 64, 3, 7, 0)] == [3, 3, 2]
     shard_orders, in_shard_orders = set(), set()
     for blocks in epochs:

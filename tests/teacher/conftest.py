@@ -1,7 +1,6 @@
 """Fixtures for the teacher tests: one tiny random teacher per head (helpers in _teacher_tiny)."""
 
 import pytest
-
 from _teacher_tiny import tiny_model
 
 

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from _teacher_tiny import N_LAYERS, live_forward, make_rows, manual_scores, tiny_model
-from distillpipe.teacher import capture as capture_mod
+
 from distillpipe.teacher import CaptureRequest, capture_batch, collate, signal_names
+from distillpipe.teacher import capture as capture_mod
 
 ALL = tuple(range(1, N_LAYERS + 1))
 F16 = dict(rtol=2e-3, atol=2e-3)  # float16 storage of O(1) values
@@ -111,7 +111,8 @@ def test_mlm_topk_and_logsumexp_at_masked_positions(tiny_teachers):
             ref_vals, ref_ids = torch.topk(full[b, t], k)
             assert out["mlm/topk_ids"][b, m].tolist() == ref_ids.tolist()
             torch.testing.assert_close(out["mlm/topk_logits"][b, m].float(), ref_vals, **F16)
-            torch.testing.assert_close(out["mlm/logsumexp"][b, m], torch.logsumexp(full[b, t], -1), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out["mlm/logsumexp"][b, m], torch.logsumexp(full[b, t], -1),
+                                       rtol=1e-5, atol=1e-5)
         for m in range(len(pos), M):  # unused slots
             assert not out["mlm/topk_ids"][b, m].any() and not out["mlm/topk_logits"][b, m].any()
             assert out["mlm/logsumexp"][b, m] == 0
@@ -213,7 +214,8 @@ def test_capture_fits_the_store_layout(tiny_teachers, kind):
     from distillpipe.store.schema import ATTN_MASKED, SignalSpec, array_layout
 
     model, mlm = tiny_teachers[kind], kind == "mlm"
-    spec = SignalSpec(max_seq_len=20, pool=4, task="none" if mlm else kind, n_classes=3 if kind == "classification" else 0,
+    spec = SignalSpec(max_seq_len=20, pool=4, task="none" if mlm else kind,
+                      n_classes=3 if kind == "classification" else 0,
                       vocab_size=100, mlm_topk=5 if mlm else 0, mlm_max_masked=6 if mlm else 0, hidden_layers=(0, 2),
                       hidden_size=32, attn_layers=(1, 4), n_heads=4, attn_probs_layers=(3,), embedding_size=32)
     req = CaptureRequest.from_signal_spec(spec)

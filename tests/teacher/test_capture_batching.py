@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from _teacher_tiny import make_rows
+
 from distillpipe.teacher import collate, length_buckets
 
 

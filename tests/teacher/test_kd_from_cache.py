@@ -9,8 +9,8 @@ attention KL (MiniALBERT) and embedding MSE (eq. 1).
 
 import pytest
 import torch
-
 from _teacher_tiny import live_forward, make_rows, manual_scores
+
 from distillpipe.teacher import CaptureRequest, avg_pool_seq, capture_batch, collate, max_pool_scores, to_host
 
 T = 2.0
@@ -110,7 +110,8 @@ def through_store(tmp_path, model, req, batch, kind):
     B, L = batch["input_ids"].shape
     mc = model.config
     task = {"mlm": "none", "classification": "classification", "qa": "qa"}[kind]
-    spec = SignalSpec(max_seq_len=L, pool=req.pool, task=task, n_classes=mc.num_labels if task == "classification" else 0,
+    spec = SignalSpec(max_seq_len=L, pool=req.pool, task=task,
+                      n_classes=mc.num_labels if task == "classification" else 0,
                       vocab_size=mc.vocab_size, mlm_topk=req.mlm_topk,
                       mlm_max_masked=batch["masked_positions"].shape[1] if req.mlm_topk else 0,
                       hidden_layers=req.hidden_layers, hidden_size=mc.hidden_size, attn_layers=req.attn_layers,

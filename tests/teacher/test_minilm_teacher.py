@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from _teacher_tiny import live_forward
+
 from distillpipe.assets import AssetError
 from distillpipe.teacher import CaptureRequest, avg_pool_seq, capture_batch, collate, load_teacher, max_pool_scores
 

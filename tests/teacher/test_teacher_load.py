@@ -1,8 +1,8 @@
 """load_teacher: the requested head, sdpa attention, eval mode; a missing head is refused clearly."""
 
 import pytest
-
 from _teacher_tiny import save_teacher_dir, tiny_model
+
 from distillpipe.assets import AssetError
 from distillpipe.teacher import load_teacher
 

@@ -60,7 +60,8 @@ class SpanPrediction:
 
 
 def best_spans(examples: Sequence[Mapping], windows: Sequence[Mapping], start_logits: Sequence[np.ndarray],
-               end_logits: Sequence[np.ndarray], n_best: int = 20, max_answer_len: int = 30) -> dict[str, SpanPrediction]:
+               end_logits: Sequence[np.ndarray], n_best: int = 20,
+               max_answer_len: int = 30) -> dict[str, SpanPrediction]:
     """Best span per example over all its windows.
 
     ``examples``: rows with ``id`` and ``context``. ``windows``: token rows with ``example_id`` and

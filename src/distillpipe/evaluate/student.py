@@ -43,7 +43,8 @@ def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch
 
 
 def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
-                     dataset_meta: dict, prepared_dir: str | Path | None = None, split: str = "dev") -> dict[str, float]:
+                     dataset_meta: dict, prepared_dir: str | Path | None = None,
+                     split: str = "dev") -> dict[str, float]:
     """Metrics of ``model`` on the token rows of one split (QA: ``prepared_dir`` gives the examples)."""
     from distillpipe.evaluate.metrics import classification_metrics
 

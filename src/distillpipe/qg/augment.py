@@ -94,7 +94,8 @@ class AugmentSummary:
 # --------------------------------------------------------------------------------------------
 
 
-def select_paragraphs(corpus_dir: Path, exclude_dir: Path | None, cfg: AugmentConfig) -> tuple[list[Paragraph], dict[str, int]]:
+def select_paragraphs(corpus_dir: Path, exclude_dir: Path | None,
+                      cfg: AugmentConfig) -> tuple[list[Paragraph], dict[str, int]]:
     """The corpus paragraphs to generate questions for, in corpus order, and the counts of those left out."""
     from datasets import load_from_disk
 

@@ -181,7 +181,8 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
         pad_id = tok.pad_token_id
         no_decay = ("bias", "layer_norm.weight")
         groups = [
-            {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": cfg.weight_decay},
+            {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+             "weight_decay": cfg.weight_decay},
             {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
         ]
         optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
@@ -242,7 +243,8 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
         for s in samples:
             log.info("sample: %s\n  reference: %s\n  generated: %s", s["context"][:100], s["reference"], s["generated"])
         report = {"train_pairs": len(rows), "dev_pairs": len(dev), "steps": step, "vocab_size": len(tok), **metrics}
-        qg_meta = {"format": FORMAT_VERSION, "input_format": source_text("<context>", "<answer>" if cfg.answer_hint else None),
+        qg_meta = {"format": FORMAT_VERSION,
+                   "input_format": source_text("<context>", "<answer>" if cfg.answer_hint else None),
                    "answer_hint": cfg.answer_hint, "max_source_len": cfg.max_source_len,
                    "max_target_len": cfg.max_target_len, "params": dataclasses.asdict(cfg),
                    "train_left_out": train.dropped, "dev": report, "samples": samples}

@@ -50,7 +50,8 @@ class CacheSummary:
     def one_line(self) -> str:
         s = self.store
         rate = self.computed_rows / self.seconds if self.seconds > 0 else 0.0
-        return (f"teacher_cache {self.name}: {s.rows:,} rows in {s.shards} shards, {s.bytes_on_disk / 2**20:.1f} MiB on "
+        return (f"teacher_cache {self.name}: {s.rows:,} rows in {s.shards} shards, "
+                f"{s.bytes_on_disk / 2**20:.1f} MiB on "
                 f"disk ({s.bytes_on_disk / max(s.rows, 1) / 1024:.1f} KiB/row); computed {self.computed_rows:,} rows "
                 f"in {self.seconds:.1f} s ({rate:.0f} rows/s)")
 
@@ -113,7 +114,8 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
     meta = read_meta(tokens_dir)
     data = load_from_disk(str(tokens_dir))
     if cfg.split not in data:
-        raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: {tokens_dir} has splits {list(data)}")
+        raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: "
+                                f"{tokens_dir} has splits {list(data)}")
     rows = data[cfg.split]
     tok_sha = tokenizer_sha256(teacher_dir)
     if tok_sha != meta["tokenizer"]["sha256"]:
@@ -131,7 +133,8 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
     n_shards = manifest.n_shards
     if len(pending) < n_shards:
         log.info("resuming %s: %d of %d shards already complete", out, n_shards - len(pending), n_shards)
-    log.info("caching %s for %s on %s: %s", ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), teacher_head(model))),
+    log.info("caching %s for %s on %s: %s",
+             ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), teacher_head(model))),
              name, next(model.parameters()).device, f"{len(pending)} shards of {shard_rows} rows to compute")
 
     pad_id = int(meta["tokenizer"]["pad_id"])

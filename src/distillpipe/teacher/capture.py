@@ -76,7 +76,8 @@ class CaptureRequest:
             object.__setattr__(self, name, value)
             low = 0 if name == "hidden_layers" else 1
             if any(j < low for j in value) or list(value) != sorted(set(value)):
-                raise ValueError(f"CaptureRequest.{name} must be strictly increasing layer numbers >= {low}, got {value}")
+                raise ValueError(f"CaptureRequest.{name} must be strictly increasing layer numbers >= {low}, "
+                                 f"got {value}")
         if self.pool < 1:
             raise ValueError(f"CaptureRequest.pool must be >= 1, got {self.pool}")
         if self.mlm_topk < 0:
@@ -279,7 +280,8 @@ def _mlm_head(model: nn.Module) -> nn.Module:
     raise ValueError(f"{type(model).__name__}: MLM head not found (looked for attributes {_MLM_HEAD_ATTRS})")
 
 
-def _mlm_signals(model: nn.Module, seq: torch.Tensor, batch: Mapping[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+def _mlm_signals(model: nn.Module, seq: torch.Tensor, batch: Mapping[str, torch.Tensor],
+                 k: int) -> dict[str, torch.Tensor]:
     if "masked_positions" not in batch:
         raise ValueError("mlm_topk > 0 but the batch has no masked_positions: collate MLM token rows")
     pos = batch["masked_positions"].to(seq.device, non_blocking=True)  # (B, M)

@@ -50,7 +50,8 @@ def import_teacher(spec: str, out_dir: str | Path) -> str:
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
-    return f"teacher_import: {spec} -> {out_dir} ({size / 2**20:.1f} MiB, weights sha256 {weights_sha256(out_dir)[:12]})"
+    return (f"teacher_import: {spec} -> {out_dir} "
+            f"({size / 2**20:.1f} MiB, weights sha256 {weights_sha256(out_dir)[:12]})")
 
 
 @dataclass
@@ -88,7 +89,8 @@ def _build_model(base_dir: Path, task_type: str, num_labels: int, label_names: l
 
 def _labels(task_type: str, rows: dict[str, list], bin_width: float | None) -> dict[str, torch.Tensor]:
     if task_type == "qa":
-        return {"start_positions": torch.tensor(rows["start_positions"]), "end_positions": torch.tensor(rows["end_positions"])}
+        return {"start_positions": torch.tensor(rows["start_positions"]),
+                "end_positions": torch.tensor(rows["end_positions"])}
     if task_type == "regression":
         return {"labels": torch.round(torch.tensor(rows["label"], dtype=torch.float64) / bin_width).long()}
     return {"labels": torch.tensor(rows["label"], dtype=torch.long)}
@@ -97,7 +99,8 @@ def _labels(task_type: str, rows: dict[str, list], bin_width: float | None) -> d
 def _check_task(task: str, meta: dict, cfg: TeacherFinetuneTaskConfig) -> tuple[str, int, list[str] | None]:
     task_type = meta["task_type"]
     if task_type == "corpus":
-        raise FinetuneError(f"teacher_finetune.tasks.{task}: {task} is an MLM corpus, not a task; remove it from teacher_finetune")
+        raise FinetuneError(f"teacher_finetune.tasks.{task}: {task} is an MLM corpus, not a task; "
+                            "remove it from teacher_finetune")
     if (task_type == "regression") != (cfg.regression_bin_width is not None):
         raise FinetuneError(f"teacher_finetune.tasks.{task}.regression_bin_width must be set for regression tasks "
                             f"and null otherwise ({task} is {task_type})")
@@ -136,7 +139,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     model.config.distillpipe = {"task": task, "task_type": task_type, "regression_bin_width": cfg.regression_bin_width}
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+         "weight_decay": cfg.weight_decay},
         {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
@@ -169,7 +173,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
             "step_in_epoch": step_in_epoch, "step": step})
 
     pad_id = meta["tokenizer"]["pad_id"]
-    columns = ["input_ids", "token_type_ids"] + (["start_positions", "end_positions"] if task_type == "qa" else ["label"])
+    columns = ["input_ids", "token_type_ids"] + (["start_positions", "end_positions"] if task_type == "qa"
+                                                 else ["label"])
     train_cols = train.select_columns(columns)
     bar = tqdm(total=total, initial=step, desc=f"fine-tune {task}", unit="step")
     model.train()

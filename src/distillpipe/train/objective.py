@@ -161,7 +161,8 @@ class Objective(nn.Module):
             positions = tg["mlm/positions"][:, :M].long()  # (B, M)
             slots = positions >= 0
             if not torch.equal(positions[slots], tg["mlm_positions"][slots]):
-                raise ObjectiveError("the cached MLM positions differ from the tokens' static masks: re-run teacher_cache")
+                raise ObjectiveError("the cached MLM positions differ from the tokens' static masks: "
+                                     "re-run teacher_cache")
             return losses.topk_kd(out.mlm_logits[slots], tg["mlm/topk_ids"][:, :M][slots].long(),
                                   tg["mlm/topk_logits"][:, :M][slots], tg["mlm/logsumexp"][:, :M][slots], T)
         if term == "embedding":

@@ -18,7 +18,7 @@ from distillpipe.config import (
     LocalTextConfig,
     PrepareDatasetConfig,
 )
-from distillpipe.data.sources.base import PrepareError, Prepared, Skips
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips
 from distillpipe.data.sources.embedded import build_polarity
 from distillpipe.data.sources.glue import build_glue
 from distillpipe.data.sources.hub import build_hub

@@ -216,7 +216,8 @@ def read_text(path: Path, encoding: str, key: str) -> str:
     try:
         text = data.decode(encoding)
     except LookupError:
-        raise PrepareError(f"{key}: unknown encoding {encoding!r}; use a Python codec name such as utf-8 or cp1252") from None
+        raise PrepareError(f"{key}: unknown encoding {encoding!r}; "
+                           "use a Python codec name such as utf-8 or cp1252") from None
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from distillpipe.config import EmbeddedPolarityConfig
 from distillpipe.data.sources.base import (
-    PrepareError,
     Prepared,
+    PrepareError,
     Skips,
     numbered_lines,
     read_text,
@@ -59,7 +59,8 @@ def build_polarity(name: str, cfg: EmbeddedPolarityConfig) -> Prepared:
                 f"{path}:{number}: expected `__label__neg <text>` or `__label__pos <text>`, got {line[:80]!r}; "
                 "reinstall gensim (pip install --force-reinstall gensim)"
             )
-        rows.append({"id": f"{POLARITY_FILE}:{number}", "text_a": sentence.strip(), "label": POLARITY_LABELS.index(label)})
+        rows.append({"id": f"{POLARITY_FILE}:{number}", "text_a": sentence.strip(),
+                     "label": POLARITY_LABELS.index(label)})
         labels.append(rows[-1]["label"])
     parts = stratified_split(labels, cfg.splits, cfg.seed, f"{key}.splits")
     text_fields = ["text_a"]

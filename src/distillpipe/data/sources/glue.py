@@ -19,8 +19,8 @@ from tqdm import tqdm
 from distillpipe.config import LocalGlueConfig
 from distillpipe.data.sources.base import (
     UNLABELED,
-    PrepareError,
     Prepared,
+    PrepareError,
     Skips,
     input_path,
     numbered_lines,
@@ -55,7 +55,8 @@ TASKS: dict[str, GlueTask] = {
     "cola": GlueTask("sentence", None, "label", INDEX, ("unacceptable", "acceptable"), BINARY,
                      headerless=("source", "label", "original_label", "sentence")),
     "sst2": GlueTask("sentence", None, "label", INDEX, ("negative", "positive"), BINARY),
-    "mrpc": GlueTask("#1 String", "#2 String", "Quality", (("index",), ("#1 ID", "#2 ID")), ("not_equivalent", "equivalent"), BINARY),
+    "mrpc": GlueTask("#1 String", "#2 String", "Quality", (("index",), ("#1 ID", "#2 ID")),
+                     ("not_equivalent", "equivalent"), BINARY),
     "stsb": GlueTask("sentence1", "sentence2", "score", INDEX, None),
     "qqp": GlueTask("question1", "question2", "is_duplicate", (("id",),), ("not_duplicate", "duplicate"), BINARY),
     "mnli": GlueTask("sentence1", "sentence2", "gold_label", INDEX, ("entailment", "neutral", "contradiction")),
@@ -99,7 +100,8 @@ def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, ke
     labeled = task.label in col
     id_cols = _id_columns(header, task)
     rows = []
-    numbered = ((n, f) for (n, _), f in zip(body, csv.reader((l for _, l in body), delimiter="\t", quoting=csv.QUOTE_NONE)))
+    numbered = ((n, f) for (n, _), f in zip(body, csv.reader((line for _, line in body),
+                                                             delimiter="\t", quoting=csv.QUOTE_NONE)))
     for number, fields in tqdm(numbered, total=len(body), desc=f"{path.name}", unit="row", disable=None, leave=False):
         where = f"{path}:{number}"
         if not any(f.strip() for f in fields):

@@ -10,7 +10,7 @@ from datasets import Dataset
 
 from distillpipe.assets import hub_offline_reason
 from distillpipe.config import HubConfig
-from distillpipe.data.sources.base import FEATURES, PrepareError, Prepared, Skips, features_for
+from distillpipe.data.sources.base import FEATURES, Prepared, PrepareError, Skips, features_for
 from distillpipe.data.sources.glue import TASKS as GLUE_TASKS
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ def resolve(cfg: HubConfig) -> tuple[str, str, str | None]:
     if head in ("glue", GLUE_REPO) or name in ("glue", GLUE_REPO):
         task = (cfg.subset or "") if name in ("glue", GLUE_REPO) else tail
         if task not in GLUE_COLUMNS:
-            raise PrepareError(f"hub name {cfg.name!r} (subset {cfg.subset!r}): unknown GLUE task; known: {sorted(GLUE_COLUMNS)}")
+            raise PrepareError(f"hub name {cfg.name!r} (subset {cfg.subset!r}): unknown GLUE task; "
+                               f"known: {sorted(GLUE_COLUMNS)}")
         return f"glue:{task}", GLUE_REPO, task
     short = name.rpartition("/")[2]
     if short in SQUAD_REPOS and (not head or SQUAD_REPOS[short] == name):
@@ -85,7 +86,8 @@ def map_hub_split(kind: str, ds: Dataset, cfg: HubConfig, skips: Skips) -> Datas
         return ds.select_columns(list(FEATURES["qa"])).cast(FEATURES["qa"])
     if cfg.text_field not in ds.column_names:
         raise PrepareError(
-            f"hub {cfg.name}: no column {cfg.text_field!r} (columns: {ds.column_names}); set `text_field` to one of them"
+            f"hub {cfg.name}: no column {cfg.text_field!r} (columns: {ds.column_names}); "
+            "set `text_field` to one of them"
         )
     ids = "id" if "id" in ds.column_names else None
 
@@ -114,7 +116,8 @@ def build_hub(name: str, cfg: HubConfig) -> Prepared:
     from datasets import load_dataset
 
     if not cfg.splits:
-        raise PrepareError(f"{key}.splits is empty; map our split names to hub splits, e.g. {{train: train, dev: validation}}")
+        raise PrepareError(f"{key}.splits is empty; "
+                           "map our split names to hub splits, e.g. {train: train, dev: validation}")
     skips = Skips()
     splits = {}
     for ours, theirs in cfg.splits.items():

@@ -12,7 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from distillpipe.config import LocalSquadConfig
-from distillpipe.data.sources.base import PrepareError, Prepared, Skips, input_path, read_text, rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, input_path, read_text, rows_to_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ def build_squad(name: str, cfg: LocalSquadConfig) -> Prepared:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
-            raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({e.msg}, column {e.colno}); is this a SQuAD file?") from None
+            raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({e.msg}, column {e.colno}); "
+                               "is this a SQuAD file?") from None
         rows = squad_rows(doc, str(path))
         if not rows:
             raise PrepareError(f"{path}: no questions found (from params.yaml `{key}.files.{split}`)")

@@ -12,8 +12,8 @@ from tqdm import tqdm
 
 from distillpipe.config import LocalTextConfig
 from distillpipe.data.sources.base import (
-    PrepareError,
     Prepared,
+    PrepareError,
     Skips,
     input_path,
     numbered_lines,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from distillpipe.config import EmbeddedWikiConfig, EmbeddedWikiPairsConfig
-from distillpipe.data.sources.base import PrepareError, Prepared, Skips, rows_to_dataset, split_units
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset, split_units
 from distillpipe.data.sources.embedded import gensim_test_file
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,8 @@ def build_wiki(name: str, cfg: EmbeddedWikiConfig) -> Prepared:
     return Prepared(splits, "corpus", [], ["text"], skips)
 
 
-def _pairs_for_split(split: str, articles: list[Article], per_article: int, rng: random.Random, skips: Skips) -> list[dict]:
+def _pairs_for_split(split: str, articles: list[Article], per_article: int, rng: random.Random,
+                     skips: Skips) -> list[dict]:
     """Balanced same/different-article paragraph pairs drawn within one split's articles."""
     if len(articles) < 2:
         raise PrepareError(

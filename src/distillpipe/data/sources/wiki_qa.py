@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from distillpipe.config import EmbeddedWikiQAConfig
-from distillpipe.data.sources.base import PrepareError, Prepared, Skips, rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset
 from distillpipe.data.sources.wiki import Article, rows_by_article_split
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
@@ -108,7 +108,8 @@ def make_cloze(paragraph: str, n: int, rng: random.Random) -> list[Cloze]:
     return out
 
 
-def _rows_for_split(split: str, articles: list[Article], cfg: EmbeddedWikiQAConfig, rng: random.Random, skips: Skips) -> list[dict]:
+def _rows_for_split(split: str, articles: list[Article], cfg: EmbeddedWikiQAConfig, rng: random.Random,
+                    skips: Skips) -> list[dict]:
     if len(articles) < 2 and cfg.unanswerable_fraction > 0:
         raise PrepareError(
             f"split {split!r} has {len(articles)} article(s); unanswerable questions need a second article. "
