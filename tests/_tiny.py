@@ -173,3 +173,35 @@ def write_params(path: Path, sections: dict) -> Path:
 
 def dumps(obj) -> str:
     return json.dumps(obj, indent=2)
+
+
+# `distillpipe train` in a subprocess that SIGKILLs itself right after writing the checkpoint of step
+# KILL_AT_STEP (the hardest place to be killed: the next step has not started, nothing was flushed).
+_TRAIN_DRIVER = """
+import os, signal, sys
+from distillpipe.train import loop
+kill_at = int(os.environ["KILL_AT_STEP"])
+orig = loop.save_checkpoint
+def save(folder, step, state, keep=2):
+    path = orig(folder, step, state, keep)
+    if step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+loop.save_checkpoint = save
+from distillpipe.cli import app
+app(sys.argv[1:], prog_name="train")
+"""
+
+
+def run_train_cli(run: str, *, tokens: Path, store: Path, prepared: Path, out: Path, params: Path,
+                  kill_at: int | None = None):
+    """Run `distillpipe train --run RUN` writing beside ``out``; killed with SIGKILL after step ``kill_at``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
+    cmd = [sys.executable, "-c", _TRAIN_DRIVER, "train", "--run", run, "--tokens", str(tokens), "--teacher-cache",
+           str(store), "--prepared", str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt",
+           "--metrics", f"{out}.json", "--plots", f"{out}.plots", "--params", str(params)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

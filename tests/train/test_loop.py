@@ -2,14 +2,11 @@
 general-distilled student, it early-stops, and a SIGKILLed run resumes to the same weights."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
+from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
 
 from distillpipe.config import FinetuneRunConfig, LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
 from distillpipe.students import load_student
@@ -136,29 +133,9 @@ def test_rows_without_ground_truth_get_no_hard_labels():
     assert t["labels"].tolist() == [IGNORE, IGNORE]
 
 
-DRIVER = """
-import os, signal, sys
-from distillpipe.train import loop
-kill_at = int(os.environ.get("KILL_AT_STEP", "-1"))
-orig = loop.save_checkpoint
-def save(folder, step, state, keep=2):
-    path = orig(folder, step, state, keep)
-    if step == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return path
-loop.save_checkpoint = save
-from distillpipe.cli import app
-app(sys.argv[1:], prog_name="train")
-"""
-
-
 def _cli(toy, params, out, kill_at=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
-    cmd = [sys.executable, "-c", DRIVER, "train", "--run", "toy-run", "--tokens", str(toy["cls"]),
-           "--teacher-cache", str(toy["cls_store"]), "--prepared", str(toy["cls"]), "--out", str(out),
-           "--checkpoints", str(out) + ".ckpt", "--metrics", str(out) + ".json", "--plots", str(out) + ".plots",
-           "--params", str(params)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    return run_train_cli("toy-run", tokens=toy["cls"], store=toy["cls_store"], prepared=toy["cls"], out=out,
+                         params=params, kill_at=kill_at)
 
 
 def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):

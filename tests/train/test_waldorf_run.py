@@ -5,7 +5,7 @@ import csv
 
 import pytest
 import torch
-from _tiny import make_qa_tokens, make_tiny_bert_dir, signals
+from _tiny import make_qa_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
 
 from distillpipe.config import LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
 from distillpipe.students import load_student
@@ -79,33 +79,10 @@ def _asdict(run):
     return dataclasses.asdict(run)
 
 
-DRIVER = """
-import os, signal, sys
-from distillpipe.train import loop
-kill_at = int(os.environ.get("KILL_AT_STEP", "-1"))
-orig = loop.save_checkpoint
-def save(folder, step, state, keep=2):
-    path = orig(folder, step, state, keep)
-    if step == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return path
-loop.save_checkpoint = save
-from distillpipe.cli import app
-app(sys.argv[1:], prog_name="train")
-"""
-
-
 def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path):
-    import dataclasses
-    import os
-    import subprocess
-    import sys
-
-    from _tiny import write_params
-
     slow = {"kind": "slow_build", "phase_steps": 6, "build_fraction": None, "warmup_fraction": 0.0,
             "temperature": 3.0}
-    run = dataclasses.asdict(_run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4}))
+    run = _asdict(_run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4}))
     run["model"]["dropout"] = 0.1  # the resumed run must continue the dropout RNG stream too
     run["optim"].update(max_steps=24, checkpoint_every=5)
     run["dataset"] = "toy_qa"
@@ -113,12 +90,8 @@ def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path)
         "device": "cpu", "loader": {"block_rows": 32, "buffer_blocks": 2, "num_workers": 0}, "runs": {"w": run}}})
 
     def cli(out, kill_at=None):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
-        cmd = [sys.executable, "-c", DRIVER, "train", "--run", "w", "--tokens", str(qa["tokens"]), "--teacher-cache",
-               str(qa["store"]), "--prepared", str(qa["prepared"]), "--out", str(out), "--checkpoints",
-               str(out) + ".ckpt", "--metrics", str(out) + ".json", "--plots", str(out) + ".plots",
-               "--params", str(params)]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        return run_train_cli("w", tokens=qa["tokens"], store=qa["store"], prepared=qa["prepared"], out=out,
+                             params=params, kill_at=kill_at)
 
     ref = cli(tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr
