@@ -50,14 +50,14 @@ from distillpipe.config import (
 )
 from distillpipe.data.schema import write_meta
 from distillpipe.evaluate.speed import count_parameters, measure_throughput, random_batch
-from distillpipe.runtime import autocast, resolve_device, seed_everything
+from distillpipe.runtime import adamw, autocast, resolve_device, seed_everything
 from distillpipe.students import build_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.students.scan import prefix_products, tree_product
 from distillpipe.teacher.capture import CaptureRequest, capture_batch
 from distillpipe.teacher.load import load_teacher
 from distillpipe.train.data import Source, collate
-from distillpipe.train.loop import task_spec, train_student
+from distillpipe.train.loop import param_groups, task_spec, train_student
 from distillpipe.train.objective import Objective, probe_student, store_names
 from distillpipe.train.schedule import build_schedule
 
@@ -372,9 +372,7 @@ class Case:
         )
         dims = probe_student(model, {k: v.to(self.device) for k, v in probe.items()})
         objective = Objective(self.run.objective, kind=task.kind, signals=signals, dims=dims).to(self.device)
-        optimizer = torch.optim.AdamW(
-            [*model.parameters(), *objective.parameters()], lr=opt.lr, weight_decay=opt.weight_decay
-        )
+        optimizer = adamw(param_groups([model, objective], opt.weight_decay), lr=opt.lr)
         schedule = build_schedule(
             self.run.objective.schedule, n_blocks=len(self.run.objective.layer_map), total_steps=len(source.loader)
         )

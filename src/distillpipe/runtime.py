@@ -28,6 +28,17 @@ def autocast(device: torch.device, enabled: bool = True):
     return contextlib.nullcontext()
 
 
+def adamw(params, **kwargs) -> torch.optim.AdamW:
+    """``torch.optim.AdamW(params, **kwargs)`` with torch's fused kernel when every parameter allows it
+    (floating point, on CPU or CUDA). Same update rule; the default on CPU is a per-tensor loop that made
+    the optimizer step ~8x slower than fused on the paper-size CMOW student (38 M parameters, 0.21 s
+    vs 0.026 s per step on 2 cores), more than its forward and backward together."""
+    groups = [dict(g, params=list(g["params"])) if isinstance(g, dict) else g for g in params]
+    tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+    fused = bool(tensors) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in tensors)
+    return torch.optim.AdamW(groups, fused=fused or None, **kwargs)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -35,7 +35,7 @@ from distillpipe.qg import QgError
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
 from distillpipe.qg.model import QG_META, build_scratch_t5, load_pretrained_t5, source_text
 from distillpipe.qg.vocab import SPM_FILE, load_spm_tokenizer, train_sentencepiece
-from distillpipe.runtime import autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
              "weight_decay": cfg.weight_decay},
             {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
         ]
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+        optimizer = adamw(groups, lr=cfg.lr)
         steps_per_epoch = math.ceil(len(rows) / cfg.batch_size)
         total = steps_per_epoch * cfg.epochs
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_fraction * total), total)

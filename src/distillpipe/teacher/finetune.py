@@ -28,7 +28,7 @@ from distillpipe.assets import TOKENIZER_FILES, json_sha256, resolve_model, toke
 from distillpipe.config import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta
-from distillpipe.runtime import autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
          "weight_decay": cfg.weight_decay},
         {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    optimizer = adamw(groups, lr=cfg.lr)
     lengths = np.asarray(train["length"])
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs

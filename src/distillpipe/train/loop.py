@@ -34,7 +34,7 @@ from distillpipe.assets import json_sha256
 from distillpipe.config import FinetuneRunConfig, LoaderConfig, StudentConfig, TrainAugRunConfig, TrainRunConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.student import evaluate_student, primary_metric
-from distillpipe.runtime import autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.store import open_store
 from distillpipe.students import build_student, load_student, save_student
 from distillpipe.students.base import TaskSpec
@@ -102,7 +102,7 @@ def _init_from(model: torch.nn.Module, init_dir: Path) -> None:
     log.info("initialised the encoder from %s (%s)", init_dir, record["name"])
 
 
-def _param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[dict[str, Any]]:
     """No weight decay on biases, norms and embedding tables (1-D tensors and nn.Embedding weights)."""
     decay, no_decay = [], []
     for m in modules:
@@ -154,7 +154,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
                              pool=signals.pool)
     dims = probe_student(model, {k: v.to(dev_device) for k, v in probe_batch.items()})
     objective = Objective(run.objective, kind=task.kind, signals=signals, dims=dims).to(dev_device)
-    optimizer = torch.optim.AdamW(_param_groups([model, objective], opt.weight_decay), lr=opt.lr)
+    optimizer = adamw(param_groups([model, objective], opt.weight_decay), lr=opt.lr)
     params = [p for g in optimizer.param_groups for p in g["params"]]
 
     per_epoch = []
