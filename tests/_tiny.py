@@ -37,7 +37,8 @@ def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: 
     return path
 
 
-def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 16, seed: int = 0) -> tuple[Path, Path]:
+def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 16, seed: int = 0,
+                   n_test: int = 0) -> tuple[Path, Path]:
     """A tiny SQuAD-v2-format dataset over the tiny vocabulary (the answer is the word after w9; a third of
     the questions unanswerable), prepared and tokenized with the real tokenize stage: (prepared, tokens)."""
     from datasets import Dataset, DatasetDict, Features, Sequence, Value
@@ -70,7 +71,10 @@ def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 
         return Dataset.from_dict(rows, features=features)
 
     prepared, tokens = root / "qa_prepared", root / "qa_tokens"
-    DatasetDict({"train": split("train", n_train), "dev": split("dev", n_dev)}).save_to_disk(str(prepared))
+    splits = {"train": split("train", n_train), "dev": split("dev", n_dev)}
+    if n_test:
+        splits["test"] = split("test", n_test)
+    DatasetDict(splits).save_to_disk(str(prepared))
     write_meta(prepared, {"name": "toy_qa", "task_type": "qa"})
     cfg = TokenizeConfig(str(model_dir), 32, {"toy_qa": TokenizeQAConfig("qa", doc_stride=8, max_query_len=8)})
     tokenize_dataset("toy_qa", prepared, cfg, tokens)

@@ -101,3 +101,16 @@ def test_killed_run_resumes_to_identical_weights(toy, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_qa_test_scores_use_the_dev_threshold(tmp_path):
+    from _tiny import make_qa_tokens
+
+    base = make_tiny_bert_dir(tmp_path / "base", qa=True)
+    prepared, tokens = make_qa_tokens(tmp_path, base, n_test=24)
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=1), "teacher_finetune.tasks.toy_qa")
+    s = finetune_teacher("toy_qa", base, tokens, prepared, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
+                         tmp_path / "metrics.json")
+    recorded = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert recorded["test"]["total"] == 24 and "threshold" in s.metrics
+    assert recorded["test"]["threshold"] == recorded["threshold"] == s.metrics["threshold"]

@@ -63,14 +63,22 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     # A fine-tuned teacher was scored on these tokens when teacher_finetune saved it (metrics.json in its
     # folder: dev at the top level, test under "test"); only teachers without those scores are run here.
     recorded = _recorded_teacher_scores(Path(teacher_dir), meta)
+    if task.kind == "qa" and splits != ["dev"]:
+        # SQuAD v2's no-answer threshold is tuned on dev and then applied to the other splits, never tuned on
+        # test itself; so dev is scored first, even when only test was asked for.
+        if "dev" not in data:
+            raise ConfigError(f"{tokens_dir} has no dev split: QA test scores need dev's no-answer threshold")
+        splits = ["dev", *[s for s in splits if s != "dev"]]
     student_scores, teacher_scores = {}, {}
     for split in splits:
+        dev_s, dev_t = student_scores.get("dev", {}), teacher_scores.get("dev", {})
         student_scores[split] = evaluate_student(model, data[split], kind=task.kind, pad_id=task.pad_id,
                                                  device=device, batch_size=cfg.batch_size, pairs=pairs,
-                                                 dataset_meta=meta, prepared_dir=prepared_dir, split=split)
+                                                 dataset_meta=meta, prepared_dir=prepared_dir, split=split,
+                                                 threshold=dev_s.get("threshold"))
         teacher_scores[split] = recorded.get(split) or evaluate_teacher(
             teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, None, prepared_dir,
-            split=split)
+            split=split, threshold=dev_t.get("threshold"))
 
     sp = cfg.speed
 

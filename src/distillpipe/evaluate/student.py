@@ -44,8 +44,9 @@ def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch
 
 def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
                      dataset_meta: dict, prepared_dir: str | Path | None = None,
-                     split: str = "dev") -> dict[str, float]:
-    """Metrics of ``model`` on the token rows of one split (QA: ``prepared_dir`` gives the examples)."""
+                     split: str = "dev", threshold: float | None = None) -> dict[str, float]:
+    """Metrics of ``model`` on the token rows of one split (QA: ``prepared_dir`` gives the examples, and the
+    no-answer ``threshold`` is tuned on this split when None: pass dev's when scoring test)."""
     from distillpipe.evaluate.metrics import classification_metrics
 
     was = model.training
@@ -88,7 +89,7 @@ def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.devic
                     starts[r], ends[r] = s[j, : lengths[r]], e[j, : lengths[r]]
             examples = load_from_disk(str(prepared_dir))[split]
             windows = rows.select_columns(["example_id", "offset_mapping"])
-            return squad_v2_scores(examples, best_spans(examples, windows, starts, ends))
+            return squad_v2_scores(examples, best_spans(examples, windows, starts, ends), threshold=threshold)
         raise ValueError(f"cannot evaluate tokens of kind {kind!r}")
     finally:
         model.train(was)

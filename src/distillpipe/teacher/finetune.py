@@ -206,7 +206,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     report = {"task": task, "train_rows": len(train), "steps": step, **metrics}
     if "test" in data:  # scored once here, so every student evaluation can show it without re-running the teacher
         report["test"] = evaluate_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
-                                          cfg.regression_bin_width, prepared_dir, split="test")
+                                          cfg.regression_bin_width, prepared_dir, split="test",
+                                          threshold=metrics.get("threshold"))  # QA: dev's null threshold
     _save(model, base_dir, out_dir, report)
     metrics_path = Path(metrics_path)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,8 +240,10 @@ def predict(model, rows, pad_id: int, device: torch.device, batch_size: int) -> 
 
 
 def evaluate_teacher(model, dev, task_type: str, pad_id: int, device: torch.device, batch_size: int,
-                     bin_width: float | None, prepared_dir: str | Path, split: str = "dev") -> dict[str, float]:
-    """Metrics of a fine-tuned teacher on the token rows ``dev`` of ``split`` (QA: examples from ``prepared_dir``)."""
+                     bin_width: float | None, prepared_dir: str | Path, split: str = "dev",
+                     threshold: float | None = None) -> dict[str, float]:
+    """Metrics of a fine-tuned teacher on the token rows ``dev`` of ``split`` (QA: examples from ``prepared_dir``;
+    the no-answer ``threshold`` is tuned on these rows when None, so pass dev's when scoring test)."""
     from distillpipe.evaluate.metrics import classification_metrics, regression_metrics
 
     outs = predict(model, dev, pad_id, device, batch_size)
@@ -255,7 +258,7 @@ def evaluate_teacher(model, dev, task_type: str, pad_id: int, device: torch.devi
         ends = [e[:n] for e, n in zip(outs[1], lengths)]
         windows = dev.select_columns(["example_id", "offset_mapping"])
         preds = best_spans(examples, windows, starts, ends)
-        return squad_v2_scores(examples, preds)
+        return squad_v2_scores(examples, preds, threshold=threshold)
     logits = np.stack(outs[0])
     labels = np.asarray(dev["label"])
     if task_type == "regression":

@@ -1,0 +1,78 @@
+"""The evaluate stage on a QA student: test is scored with the no-answer threshold tuned on dev, for the
+student and for the teacher, never with one tuned on test itself."""
+
+import json
+
+import pytest
+import torch
+from _tiny import make_qa_tokens, make_tiny_bert_dir, signals
+
+from distillpipe.config import (
+    EvaluateConfig,
+    EvaluateRunConfig,
+    LoaderConfig,
+    TeacherCacheDatasetConfig,
+    TrainRunConfig,
+    build,
+)
+from distillpipe.data.schema import read_meta
+from distillpipe.evaluate.run import evaluate_run
+from distillpipe.evaluate.student import evaluate_student
+from distillpipe.students import load_student
+from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.train.loop import train_student
+
+WALDORF = {"student": "waldorf", "embedding_size": 16, "conv_channels": [16, 32], "conv_kernel": 3, "d_model": 32,
+           "n_layers": 1, "n_heads": 4, "d_ff": 64, "dropout": 0.0, "init_std": 0.02}
+
+
+@pytest.fixture(scope="module")
+def qa_student(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval_qa")
+    teacher = make_tiny_bert_dir(root / "teacher", qa=True, layers=2, heads=4)
+    prepared, tokens = make_qa_tokens(root, teacher, n_test=24)
+    cache = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train",
+                                              "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
+                                                                 pool=1)}, "teacher_cache.datasets.toy_qa")
+    build_teacher_cache("toy_qa", tokens, teacher, cache, "cpu", 16, 32, root / "qa.zarr")
+    run = build(TrainRunConfig, {
+        "dataset": "toy_qa", "model": WALDORF, "encoding": "joint", "head": None,
+        "objective": {"loss_weights": {"hard": 1.0, "soft": 1.0}, "hidden_loss": "mse", "layer_map": [2],
+                      "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
+                                   "temperature_decay": False}},
+        "optim": {"epochs": 1, "max_steps": 12, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 100, "seed": 0},
+        "note": "test"}, "train.runs.w")
+    train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
+                  tokens_dir=tokens, store_path=root / "qa.zarr", prepared_dir=prepared, out_dir=root / "w",
+                  ckpt_dir=root / "ck", metrics_path=root / "m.json", plots_dir=root / "p")
+    return {"teacher": teacher, "prepared": prepared, "tokens": tokens, "student": root / "w"}
+
+
+def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
+    from datasets import load_from_disk
+
+    cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["test"],
+                                 "speed": {"batch_size": 2, "seq_len": 16, "warmup": 0, "repeats": 1,
+                                           "batches_per_repeat": 1},
+                                 "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
+    out = tmp_path / "w.json"
+    res = evaluate_run("w", cfg, build(EvaluateRunConfig, {"dataset": "toy_qa", "teacher": "t"}, "run"),
+                       student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
+                       prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out)
+    # only test was asked for; dev is scored too, because test needs its threshold
+    assert res["dev"] is not None and res["test"] is not None and res["test"]["total"] == 24
+    assert res["test"]["threshold"] == res["dev"]["threshold"]
+    assert res["teacher"]["test"]["threshold"] == res["teacher"]["dev"]["threshold"]
+    assert json.loads(out.read_text())["test"]["threshold"] == res["dev"]["threshold"]
+
+    # the same numbers as scoring test directly at dev's threshold
+    model, _ = load_student(qa_student["student"], torch.device("cpu"))
+    test = load_from_disk(str(qa_student["tokens"]))["test"]
+    kw = {"kind": "qa", "pad_id": 0, "device": torch.device("cpu"), "batch_size": 8, "pairs": False,
+          "dataset_meta": read_meta(qa_student["tokens"]), "prepared_dir": qa_student["prepared"], "split": "test"}
+    at_dev = evaluate_student(model, test, threshold=res["dev"]["threshold"], **kw)
+    assert at_dev["f1"] == pytest.approx(res["test"]["f1"]) and at_dev["exact"] == pytest.approx(res["test"]["exact"])
+    # and a threshold tuned on test itself is its own (F1-best on test), which evaluate must not report
+    tuned_on_test = evaluate_student(model, test, **kw)
+    assert tuned_on_test["f1"] >= at_dev["f1"]
