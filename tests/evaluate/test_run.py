@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from _tiny import make_qa_tokens, make_tiny_bert_dir, signals
+from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir, signals
 
 from distillpipe.config import (
     EvaluateConfig,
@@ -22,9 +22,6 @@ from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student
 
-WALDORF = {"student": "waldorf", "embedding_size": 16, "conv_channels": [16, 32], "conv_kernel": 3, "d_model": 32,
-           "n_layers": 1, "n_heads": 4, "d_ff": 64, "dropout": 0.0, "init_std": 0.02}
-
 
 @pytest.fixture(scope="module")
 def qa_student(tmp_path_factory):
@@ -36,7 +33,7 @@ def qa_student(tmp_path_factory):
                                                                  pool=1)}, "teacher_cache.datasets.toy_qa")
     build_teacher_cache("toy_qa", tokens, teacher, cache, "cpu", 16, 32, root / "qa.zarr")
     run = build(TrainRunConfig, {
-        "dataset": "toy_qa", "model": WALDORF, "encoding": "joint", "head": None,
+        "dataset": "toy_qa", "model": TINY_WALDORF, "encoding": "joint", "head": None,
         "objective": {"loss_weights": {"hard": 1.0, "soft": 1.0}, "hidden_loss": "mse", "layer_map": [2],
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                    "temperature_decay": False}},

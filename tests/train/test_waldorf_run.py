@@ -5,15 +5,12 @@ import csv
 
 import pytest
 import torch
-from _tiny import make_qa_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
+from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
 
 from distillpipe.config import LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student
-
-WALDORF = {"student": "waldorf", "embedding_size": 16, "conv_channels": [16, 32], "conv_kernel": 3, "d_model": 32,
-           "n_layers": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.0, "init_std": 0.02}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +27,7 @@ def qa(tmp_path_factory):
 
 def _run(schedule, weights):
     return build(TrainRunConfig, {
-        "dataset": "toy_qa", "model": WALDORF, "encoding": "joint", "head": None,
+        "dataset": "toy_qa", "model": TINY_WALDORF, "encoding": "joint", "head": None,
         "objective": {"loss_weights": weights, "hidden_loss": "mse", "layer_map": [1, 2], "schedule": schedule},
         "optim": {"epochs": 4, "max_steps": 30, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
                   "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 10, "seed": 0},
@@ -65,7 +62,7 @@ def test_slow_build_switches_terms_on_in_order(qa, tmp_path):
 def test_student_heads_must_match_teacher_heads_for_the_attention_loss(qa, tmp_path):
     run = _run({"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False},
                {"hard": 1.0, "attn": 1.0})
-    run = build(TrainRunConfig, {**_asdict(run), "model": {**WALDORF, "n_heads": 2}}, "train.runs.w")
+    run = build(TrainRunConfig, {**_asdict(run), "model": {**TINY_WALDORF, "n_heads": 2}}, "train.runs.w")
     with pytest.raises(Exception, match=r"as many student heads as teacher heads \(4\)"):
         train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
                       tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
