@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-from distillpipe.config import GreedyDecodingConfig, QgScratchModelConfig, load_section
+from distillpipe.config.base import load_section
+from distillpipe.config.decoding import GreedyDecodingConfig
+from distillpipe.config.qg_finetune import QgFinetuneConfig, QgScratchModelConfig
 from distillpipe.data.sources.base import Skips
 from distillpipe.data.sources.wiki import wiki_articles
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
@@ -32,7 +34,7 @@ from distillpipe.runtime import resolve_device, seed_everything
 
 
 def random_generator(folder: Path, texts: list[str]) -> Path:
-    cfg = load_section("qg_finetune").model
+    cfg = load_section("params.yaml", "qg_finetune", QgFinetuneConfig).model
     if not isinstance(cfg, QgScratchModelConfig):
         raise SystemExit("params.yaml's qg_finetune.model is not a scratch model: pass --model DIR")
     train_sentencepiece(texts, cfg.vocab_size, cfg.character_coverage, folder / SPM_FILE)

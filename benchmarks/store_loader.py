@@ -17,8 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from distillpipe.store import Manifest, SignalSpec, TeacherInfo, array_layout, create_or_resume, open_store
 from distillpipe.store.loader import BlockLoader
+from distillpipe.store.manifest import Manifest, TeacherInfo
+from distillpipe.store.reader import open_store
+from distillpipe.store.schema import SignalSpec, array_layout
+from distillpipe.store.writer import create_or_resume
 
 
 def synthetic(manifest: Manifest, i: int) -> dict[str, np.ndarray]:
@@ -43,7 +46,8 @@ def main(n_rows: int) -> None:
                       mlm_max_masked=0, hidden_layers=(3, 6), hidden_size=384, attn_layers=(6,), n_heads=12,
                       attn_probs_layers=(), embedding_size=0)  # fmt: skip
     teacher = TeacherInfo(name="synthetic", weights_sha256="0" * 64, tokenizer_sha256="0" * 64, config={})
-    manifest = Manifest(teacher=teacher, tokens_fingerprint="bench", signals=spec, n_rows=n_rows, shard_rows=1024)
+    manifest = Manifest(teacher=teacher, tokens_fingerprint="bench", split="train", signals=spec,
+                        compute={"precision": "fp32"}, code={}, n_rows=n_rows, shard_rows=1024)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.zarr"
         writer = create_or_resume(path, manifest)

@@ -39,17 +39,14 @@ import numpy as np
 import torch
 
 from distillpipe.assets import TOKENIZER_FILES, resolve_model, tokenizer_sha256
-from distillpipe.config import (
-    CMOWHybridConfig,
-    HeadConfig,
-    LoaderConfig,
-    TeacherCacheDatasetConfig,
-    TrainRunConfig,
-    WaLDORfConfig,
-    build,
-)
+from distillpipe.config.base import build
+from distillpipe.config.run import LoaderConfig
+from distillpipe.config.students import CMOWHybridConfig, HeadConfig, WaLDORfConfig
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.config.train import TrainRunConfig
 from distillpipe.data.schema import write_meta
-from distillpipe.evaluate.speed import count_parameters, measure_throughput, random_batch
+from distillpipe.evaluate.speed import measure_throughput, random_batch
+from distillpipe.evaluate.student import count_parameters
 from distillpipe.runtime import adamw, autocast, resolve_device, seed_everything
 from distillpipe.students import build_student
 from distillpipe.students.base import TaskSpec
@@ -346,7 +343,7 @@ class Case:
         from datasets import load_from_disk
 
         from distillpipe.data.schema import read_meta
-        from distillpipe.store import open_store
+        from distillpipe.store.reader import open_store
 
         opt = self.run.optim
         meta = read_meta(self.tokens)

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from distillpipe.assets import resolve_model, tokenizer_sha256
-from distillpipe.config import TeacherCacheDatasetConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.data.schema import write_meta
 from distillpipe.runtime import autocast, resolve_device
-from distillpipe.store import open_store
 from distillpipe.store.loader import BlockLoader
+from distillpipe.store.reader import open_store
 from distillpipe.teacher.batching import collate, length_buckets
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.teacher.load import load_teacher

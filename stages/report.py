@@ -1,15 +1,11 @@
-"""DVC stage `report`: a thin wrapper over `distillpipe report` (see `distillpipe report --help`).
+"""DVC stage `report`: `python -m stages.report ...` runs `distillpipe report`
+(see its `--help`).
 
-dvc.yaml is the one place that names paths; this script only forwards its arguments.
+dvc.yaml names the paths and params.yaml holds the parameters; this script only imports the command's
+module, so the stage's code deps are that command and the library it calls (tests/test_dvc_deps.py).
 """
 
-import sys
-from pathlib import Path
-
-# Drop this folder from the import path: stages/tokenize.py would shadow the stdlib `tokenize`.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from distillpipe.cli import app  # noqa: E402
+from distillpipe.commands.report import main
 
 if __name__ == "__main__":
-    app(["report", *sys.argv[1:]], prog_name="stages/report.py")
+    main()

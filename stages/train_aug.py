@@ -1,15 +1,11 @@
-"""DVC stage `train_aug`: a thin wrapper over `distillpipe train-aug` (see `distillpipe train-aug --help`).
+"""DVC stage `train_aug`: `python -m stages.train_aug ...` runs `distillpipe train-aug`
+(see its `--help`).
 
-dvc.yaml is the one place that names paths; this script only forwards its arguments.
+dvc.yaml names the paths and params.yaml holds the parameters; this script only imports the command's
+module, so the stage's code deps are that command and the library it calls (tests/test_dvc_deps.py).
 """
 
-import sys
-from pathlib import Path
-
-# Drop this folder from the import path: stages/tokenize.py would shadow the stdlib `tokenize`.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from distillpipe.cli import app  # noqa: E402
+from distillpipe.commands.train_aug import main
 
 if __name__ == "__main__":
-    app(["train-aug", *sys.argv[1:]], prog_name="stages/train_aug.py")
+    main()

@@ -46,7 +46,7 @@ def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 
     the questions unanswerable), prepared and tokenized with the real tokenize stage: (prepared, tokens)."""
     from datasets import Dataset, DatasetDict, Features, Sequence, Value
 
-    from distillpipe.config import TokenizeConfig, TokenizeQAConfig
+    from distillpipe.config.tokenize import TokenizeConfig, TokenizeQAConfig
     from distillpipe.data.schema import write_meta
     from distillpipe.data.tokenize import tokenize_dataset
 
@@ -201,14 +201,26 @@ app(sys.argv[1:], prog_name="train")
 
 
 def run_train_cli(run: str, *, tokens: Path, store: Path, prepared: Path, out: Path, params: Path,
-                  kill_at: int | None = None):
-    """Run `distillpipe train --run RUN` writing beside ``out``; killed with SIGKILL after step ``kill_at``."""
+                  kill_at: int | None = None, init: Path | None = None):
+    """Run `distillpipe train --run RUN` (`finetune --init INIT` when ``init`` is given) writing beside ``out``;
+    killed with SIGKILL after step ``kill_at``."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
-    cmd = [sys.executable, "-c", _TRAIN_DRIVER, "train", "--run", run, "--tokens", str(tokens), "--teacher-cache",
+    command = ["train"] if init is None else ["finetune", "--init", str(init)]
+    cmd = [sys.executable, "-c", _TRAIN_DRIVER, *command, "--run", run, "--tokens", str(tokens), "--teacher-cache",
            str(store), "--prepared", str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt",
            "--metrics", f"{out}.json", "--plots", f"{out}.plots", "--params", str(params)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+
+
+def local_files(files: dict) -> dict:
+    """``path`` and ``files`` of a ``prepare.local`` entry for files anywhere: their deepest common folder and
+    the names relative to it."""
+    import os
+
+    paths = {k: Path(v).resolve() for k, v in files.items()}
+    root = Path(os.path.commonpath([str(p.parent) for p in paths.values()]))
+    return {"path": str(root), "files": {k: p.relative_to(root).as_posix() for k, p in paths.items()}}

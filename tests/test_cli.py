@@ -18,12 +18,12 @@ def test_unknown_dataset_is_a_clear_error(tmp_path):
     res = runner.invoke(app, ["prepare", "--dataset", "nope", "--out", str(tmp_path / "o"),
                               "--params", str(PARAMS)])
     assert res.exit_code == 2
-    assert "prepare.datasets has no dataset 'nope'" in res.output and "polarity" in res.output
+    assert "prepare has no dataset 'nope'" in res.output and "polarity" in res.output
 
 
 def test_wrong_encoding_names_file_line_and_fix(tmp_path):
     params = {"prepare": {"datasets": {"polarity": {**ROOT_PARAMS["prepare"]["datasets"]["polarity"],
-                                                    "encoding": "utf-8"}}}}
+                                                    "encoding": "utf-8"}}, "local": {}}}
     res = runner.invoke(app, ["prepare", "--dataset", "polarity", "--out", str(tmp_path / "o"),
                               "--params", str(write_params(tmp_path / "p.yaml", params))])
     assert res.exit_code == 2
@@ -33,12 +33,12 @@ def test_wrong_encoding_names_file_line_and_fix(tmp_path):
 
 def test_hub_offline_fails_fast(tmp_path):
     params = {"prepare": {"datasets": {"sq": {"source": "hub", "name": "squad_v2", "subset": None,
-                                              "splits": {"train": "train"}, "text_field": "text"}}}}
+                                              "splits": {"train": "train"}, "text_field": "text"}}, "local": {}}}
     t = time.time()
     res = runner.invoke(app, ["prepare", "--dataset", "sq", "--out", str(tmp_path / "o"),
                               "--params", str(write_params(tmp_path / "p.yaml", params))])
     assert res.exit_code == 2 and time.time() - t < 10
-    assert "source: local" in res.output
+    assert "prepare.local" in res.output and "format: squad" in res.output
 
 
 def test_bad_params_file_is_a_clear_error(tmp_path):

@@ -6,11 +6,34 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distillpipe import config
-from distillpipe.config import ConfigError, load_section
+from distillpipe.config.augment import AugmentConfig
+from distillpipe.config.base import ConfigError, build
+from distillpipe.config.base import load_section as _load_section
+from distillpipe.config.evaluate import EvaluateConfig
+from distillpipe.config.finetune import FinetuneConfig
+from distillpipe.config.prepare import LocalGlueConfig, PrepareConfig
+from distillpipe.config.qg_finetune import QgFinetuneConfig
+from distillpipe.config.report import ReportConfig
+from distillpipe.config.speed import SpeedConfig
+from distillpipe.config.teacher_cache import TeacherCacheConfig
+from distillpipe.config.teacher_finetune import TeacherFinetuneConfig
+from distillpipe.config.teacher_import import TeacherImportConfig
+from distillpipe.config.tokenize import TokenizeConfig
+from distillpipe.config.train import TrainConfig
+from distillpipe.config.train_aug import TrainAugConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
+SECTIONS = {
+    "prepare": PrepareConfig, "tokenize": TokenizeConfig, "teacher_import": TeacherImportConfig,
+    "teacher_finetune": TeacherFinetuneConfig, "teacher_cache": TeacherCacheConfig, "qg_finetune": QgFinetuneConfig,
+    "augment": AugmentConfig, "train": TrainConfig, "finetune": FinetuneConfig, "train_aug": TrainAugConfig,
+    "evaluate": EvaluateConfig, "speed": SpeedConfig, "report": ReportConfig,
+}
+
+
+def load_section(name, path):
+    return _load_section(path, name, SECTIONS[name])
 
 
 def _walk(obj):
@@ -29,18 +52,18 @@ def _walk(obj):
 
 def test_every_section_of_real_params_loads():
     raw = yaml.safe_load(PARAMS.read_text())
-    assert set(raw) == set(config.SECTIONS), "params.yaml sections and config.SECTIONS must agree"
-    for name in config.SECTIONS:
+    assert set(raw) == set(SECTIONS), "params.yaml sections and the config sections must agree"
+    for name in SECTIONS:
         cfg = load_section(name, PARAMS)
-        assert isinstance(cfg, config.SECTIONS[name])
+        assert isinstance(cfg, SECTIONS[name])
         # Every leaf came from the file: rebuilding from asdict gives back an equal object.
-        assert config.build(config.SECTIONS[name], raw[name], name) == cfg
+        assert build(SECTIONS[name], raw[name], name) == cfg
         assert all(dataclasses.is_dataclass(d) for d in _walk(cfg))
 
 
 def test_config_classes_have_no_defaults():
     seen = set()
-    for cls in config.SECTIONS.values():
+    for cls in SECTIONS.values():
         stack = [cls]
         while stack:
             c = stack.pop()
@@ -122,13 +145,31 @@ def test_tagged_union_unknown_kind(tmp_path, raw):
 
 
 def test_tagged_union_picks_variant_and_checks_its_keys(tmp_path, raw):
-    raw["prepare"]["datasets"]["sst2"] = {
-        "source": "local", "format": "glue", "task": "sst2", "files": {"train": "x.tsv"},
+    raw["prepare"]["local"]["sst2"] = {
+        "format": "glue", "task": "sst2", "path": "data/raw/SST-2", "files": {"train": "train.tsv"},
         "encoding": "utf-8", "on_bad_rows": "skip"}
     cfg = load_section("prepare", _write(tmp_path, raw))
-    assert isinstance(cfg.datasets["sst2"], config.LocalGlueConfig)
-    raw["prepare"]["datasets"]["sst2"]["task"] = "sst3"
-    with pytest.raises(ConfigError, match=r"prepare\.datasets\.sst2\.task: 'sst3' is not one of"):
+    assert isinstance(cfg.local["sst2"], LocalGlueConfig) and cfg.dataset("sst2") is cfg.local["sst2"]
+    raw["prepare"]["local"]["sst2"]["task"] = "sst3"
+    with pytest.raises(ConfigError, match=r"prepare\.local\.sst2\.task: 'sst3' is not one of"):
+        load_section("prepare", _write(tmp_path, raw))
+
+
+@pytest.mark.parametrize("name", ["/abs/train.tsv", "../train.tsv", "sub/../../train.tsv"])
+def test_local_files_must_lie_inside_their_folder(tmp_path, raw, name):
+    """The folder is what DVC watches: a file outside it could change without re-running anything."""
+    raw["prepare"]["local"]["sst2"] = {
+        "format": "glue", "task": "sst2", "path": "data/raw/SST-2", "files": {"train": name},
+        "encoding": "utf-8", "on_bad_rows": "skip"}
+    with pytest.raises(ConfigError, match=r"prepare\.local\.sst2: files\.train=.* must be a file name relative"):
+        load_section("prepare", _write(tmp_path, raw))
+
+
+def test_a_dataset_has_one_source(tmp_path, raw):
+    raw["prepare"]["local"]["wiki"] = {
+        "format": "text", "path": "data/raw/wiki", "files": {"train": "wiki.txt"}, "text_field": "text",
+        "encoding": "utf-8", "on_bad_rows": "skip"}
+    with pytest.raises(ConfigError, match=r"\['wiki'\] named under both prepare\.datasets and prepare\.local"):
         load_section("prepare", _write(tmp_path, raw))
 
 

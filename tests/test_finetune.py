@@ -13,7 +13,8 @@ from _tiny import finetune_params, make_classification_tokens, make_tiny_bert_di
 from safetensors.torch import load_file
 
 from distillpipe.assets import tokenizer_sha256
-from distillpipe.config import TeacherFinetuneTaskConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.teacher.finetune import FinetuneError, finetune_teacher
 
 

@@ -12,8 +12,10 @@ import pytest
 import torch
 from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
 
-from distillpipe.config import TeacherCacheDatasetConfig, build
-from distillpipe.store import ManifestMismatch, open_store
+from distillpipe.config.base import build
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.store.manifest import ManifestMismatch
+from distillpipe.store.reader import open_store
 from distillpipe.teacher.cache import TeacherCacheError, build_teacher_cache
 
 SHARD = 16

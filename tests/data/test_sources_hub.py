@@ -6,7 +6,8 @@ import time
 import pytest
 from datasets import ClassLabel, Dataset, Features, List, Value
 
-from distillpipe.config import HubConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.prepare import HubConfig
 from distillpipe.data.sources import PrepareError, build_source
 from distillpipe.data.sources.base import FEATURES, Skips
 from distillpipe.data.sources.hub import map_hub_split, resolve
@@ -18,9 +19,9 @@ def hub(name, subset=None, text_field="text", splits=None):
 
 
 @pytest.mark.parametrize("name, snippet", [
-    ("glue/sst2", "format: glue\n      task: sst2\n"
-                  "      files: {train: data/glue/SST-2/train.tsv, dev: data/glue/SST-2/dev.tsv}"),
-    ("glue/mnli", "dev_matched: data/glue/MNLI/dev_matched.tsv, dev_mismatched: data/glue/MNLI/dev_mismatched.tsv"),
+    ("glue/sst2", "format: glue\n      task: sst2\n      path: data/raw/SST-2\n"
+                  "      files: {train: train.tsv, dev: dev.tsv}"),
+    ("glue/mnli", "dev_matched: dev_matched.tsv, dev_mismatched: dev_mismatched.tsv"),
     ("squad_v2", "format: squad"),
     ("wikimedia/wikipedia", "format: jsonl"),
 ])
@@ -32,7 +33,7 @@ def test_offline_fails_fast_with_local_snippet(name, snippet, monkeypatch):
     assert time.perf_counter() - start < 10
     msg = str(err.value)
     assert "prepare.datasets.mine" in msg and "hub is unreachable" in msg and "_OFFLINE is set" in msg
-    assert "    mine:\n      source: local\n" in msg and snippet in msg
+    assert "  local:\n    mine:\n      format:" in msg and snippet in msg
 
 
 @pytest.mark.parametrize("name, subset, expected", [

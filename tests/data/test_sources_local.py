@@ -4,20 +4,20 @@ import json
 from pathlib import Path
 
 import pytest
+from _tiny import local_files
 
-from distillpipe.config import LocalSquadConfig, LocalTextConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.prepare import LocalSquadConfig, LocalTextConfig
 from distillpipe.data.sources import PrepareError, build_source
 
 
 def squad(files, encoding="utf-8"):
-    return build(LocalSquadConfig, dict(source="local", format="squad", files={k: str(v) for k, v in files.items()},
-                                        encoding=encoding), "prepare.datasets.sq")
+    return build(LocalSquadConfig, dict(format="squad", **local_files(files), encoding=encoding), "prepare.local.sq")
 
 
 def corpus(fmt, files, text_field="text", encoding="utf-8", on_bad_rows="error"):
-    return build(LocalTextConfig, dict(source="local", format=fmt, files={k: str(v) for k, v in files.items()},
-                                       text_field=text_field, encoding=encoding, on_bad_rows=on_bad_rows),
-                 "prepare.datasets.c")
+    return build(LocalTextConfig, dict(format=fmt, **local_files(files), text_field=text_field, encoding=encoding,
+                                       on_bad_rows=on_bad_rows), "prepare.local.c")
 
 
 def squad_doc(qas, context="Warsaw is the capital of Poland. It lies on the Vistula."):
@@ -77,7 +77,7 @@ def test_squad_invalid_json_names_line(tmp_path):
 
 
 def test_squad_missing_file_names_key(tmp_path):
-    with pytest.raises(PrepareError, match=r"dev-v2\.0\.json does not exist.*prepare\.datasets\.sq\.files\.dev"):
+    with pytest.raises(PrepareError, match=r"dev-v2\.0\.json does not exist.*prepare\.local\.sq\.files\.dev"):
         build_source("sq", squad({"dev": tmp_path / "dev-v2.0.json"}))
 
 
@@ -108,7 +108,7 @@ def test_text_file_without_documents_is_an_error(tmp_path):
 def test_text_undecodable_bytes(tmp_path):
     path = tmp_path / "latin.txt"
     path.write_bytes("one\n\ntwo\nna\u00efve\n".encode("latin-1"))
-    with pytest.raises(PrepareError, match=rf"{path}:4: cannot decode byte 0xef.*prepare\.datasets\.c\.encoding"):
+    with pytest.raises(PrepareError, match=rf"{path}:4: cannot decode byte 0xef.*prepare\.local\.c\.encoding"):
         build_source("c", corpus("text", {"train": path}))
     prepared = build_source("c", corpus("text", {"train": path}, encoding="latin-1"))
     assert prepared.splits["train"]["text"] == ["one", "two\nna\u00efve"]
@@ -133,7 +133,7 @@ def test_jsonl_bad_line_is_an_error_naming_line(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl")
     with pytest.raises(PrepareError) as err:
         build_source("c", corpus("jsonl", {"train": path}))
-    assert f"{path}:5: invalid JSON" in str(err.value) and "prepare.datasets.c.on_bad_rows: skip" in str(err.value)
+    assert f"{path}:5: invalid JSON" in str(err.value) and "prepare.local.c.on_bad_rows: skip" in str(err.value)
 
 
 def test_jsonl_skip_counts_every_reason(tmp_path):
@@ -153,7 +153,7 @@ def test_jsonl_skip_counts_every_reason(tmp_path):
 def test_jsonl_missing_field_names_text_field_key(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text('{"body": "x"}\n', encoding="utf-8")
-    with pytest.raises(PrepareError, match=r"c\.jsonl:1: no string field 'text'.*prepare\.datasets\.c\.text_field"):
+    with pytest.raises(PrepareError, match=r"c\.jsonl:1: no string field 'text'.*prepare\.local\.c\.text_field"):
         build_source("c", corpus("jsonl", {"train": path}))
     prepared = build_source("c", corpus("jsonl", {"train": path}, text_field="body"))
     assert prepared.splits["train"]["text"] == ["x"]

@@ -12,7 +12,12 @@ import pytest
 from datasets import Dataset, DatasetDict, Features, List, Value, load_from_disk
 
 from distillpipe.assets import resolve_model
-from distillpipe.config import TokenizeClassificationConfig, TokenizeConfig, TokenizeMLMConfig, TokenizeQAConfig
+from distillpipe.config.tokenize import (
+    TokenizeClassificationConfig,
+    TokenizeConfig,
+    TokenizeMLMConfig,
+    TokenizeQAConfig,
+)
 from distillpipe.data import schema
 from distillpipe.data.tokenize import TokenizeError, load_tokenizer, tokenize_dataset
 

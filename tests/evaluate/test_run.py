@@ -7,17 +7,16 @@ import pytest
 import torch
 from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir, signals
 
-from distillpipe.config import (
-    EvaluateConfig,
-    EvaluateRunConfig,
-    LoaderConfig,
-    TeacherCacheDatasetConfig,
-    TrainRunConfig,
-    build,
-)
+from distillpipe.config.base import build
+from distillpipe.config.evaluate import EvaluateConfig, EvaluateRunConfig
+from distillpipe.config.run import LoaderConfig
+from distillpipe.config.speed import SpeedConfig
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.config.train import TrainRunConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.run import evaluate_run
 from distillpipe.evaluate.student import evaluate_student
+from distillpipe.evaluate.timing import time_run
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student
@@ -50,8 +49,6 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     from datasets import load_from_disk
 
     cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["test"],
-                                 "speed": {"batch_size": 2, "seq_len": 16, "warmup": 0, "repeats": 1,
-                                           "batches_per_repeat": 1},
                                  "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
     out = tmp_path / "w.json"
     res = evaluate_run("w", cfg, build(EvaluateRunConfig, {"dataset": "toy_qa", "teacher": "t"}, "run"),
@@ -73,3 +70,27 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     # and a threshold tuned on test itself is its own (F1-best on test), which evaluate must not report
     tuned_on_test = evaluate_student(model, test, **kw)
     assert tuned_on_test["f1"] >= at_dev["f1"]
+
+
+def test_evaluate_twice_gives_byte_identical_metrics(qa_student, tmp_path):
+    """The metrics DVC tracks are a function of the student and the data: no timing, no timestamps. (They
+    held sentences/s, so every re-run changed dvc.lock and the metrics in git.)"""
+    cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["dev", "test"],
+                                 "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for out in paths:
+        evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
+                     prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert "per_s" not in paths[0].read_text() and "speed" not in json.loads(paths[0].read_text())
+
+
+def test_speed_stage_times_student_and_teacher_apart_from_the_scores(qa_student, tmp_path):
+    cfg = build(SpeedConfig, {"device": "cpu", "batch_size": 4, "seq_len": 16, "warmup": 0, "repeats": 2,
+                              "batches_per_repeat": 1}, "speed")
+    res = time_run("w", cfg, student_dir=qa_student["student"], teacher_dir=qa_student["teacher"],
+                   out_path=tmp_path / "speed" / "w.json")
+    assert json.loads((tmp_path / "speed" / "w.json").read_text()) == res
+    assert res["student_sentences_per_s"] > 0 and res["teacher_sentences_per_s"] > 0
+    assert res["speedup"] == pytest.approx(res["student_sentences_per_s"] / res["teacher_sentences_per_s"])
+    assert len(res["student"]["seconds"]) == 2 and res["seq_len"] == 16 and res["device"] == "cpu"

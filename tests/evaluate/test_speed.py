@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from distillpipe.evaluate.speed import count_parameters, measure_throughput, random_batch
+from distillpipe.evaluate.speed import measure_throughput, random_batch
+from distillpipe.evaluate.student import count_parameters
 
 
 class _Recorder:

@@ -12,7 +12,8 @@ def toy_qa(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_qg(tmp_path_factory, toy_qa):
     """A tiny generator written by qg_finetune itself (1 epoch): the augment tests' input."""
-    from distillpipe.config import QgFinetuneConfig, build
+    from distillpipe.config.base import build
+    from distillpipe.config.qg_finetune import QgFinetuneConfig
     from distillpipe.qg.finetune import finetune_qg
 
     root = tmp_path_factory.mktemp("qg")

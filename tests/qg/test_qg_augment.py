@@ -13,8 +13,9 @@ import pytest
 import yaml
 from _qg_tiny import augment_params, fresh_paragraphs, write_corpus
 
-from distillpipe.assets import sha256_dir
-from distillpipe.config import AugmentConfig, build
+from distillpipe.config.augment import AugmentConfig
+from distillpipe.config.base import build
+from distillpipe.identity import sha256_dir
 from distillpipe.qg import QgError
 from distillpipe.qg.augment import augment, select_paragraphs
 
@@ -144,7 +145,7 @@ def test_generator_trained_with_answer_hints_is_refused(corpus, toy_qa, tiny_qg,
 def test_tokenize_copies_the_labeled_flag(reference, toy_qa, tmp_path):
     from _tiny import make_tiny_bert_dir
 
-    from distillpipe.config import TokenizeConfig
+    from distillpipe.config.tokenize import TokenizeConfig
     from distillpipe.data.tokenize import tokenize_dataset
 
     bert = make_tiny_bert_dir(tmp_path / "bert")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from distillpipe.config import AugmentFiltersConfig
+from distillpipe.config.augment import AugmentFiltersConfig
 from distillpipe.qg.filters import REASONS, filter_questions, normalize
 
 CTX = "Clara built the river near the tower. Hugo sold the palace in 1857."

@@ -14,7 +14,8 @@ import torch
 from _qg_tiny import qg_params
 
 from distillpipe.assets import AssetError
-from distillpipe.config import QgFinetuneConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.qg_finetune import QgFinetuneConfig
 from distillpipe.qg.finetune import dev_metrics, encode_pairs, finetune_qg
 from distillpipe.qg.model import build_scratch_t5, source_text
 from distillpipe.runtime import seed_everything

@@ -5,7 +5,7 @@ import pytest
 import torch
 from _qg_tiny import fresh_paragraphs
 
-from distillpipe.config import BeamDecodingConfig, GreedyDecodingConfig, SampleDecodingConfig
+from distillpipe.config.decoding import BeamDecodingConfig, GreedyDecodingConfig, SampleDecodingConfig
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
 from distillpipe.qg.model import load_pretrained_t5, source_text
 

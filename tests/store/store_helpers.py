@@ -5,6 +5,7 @@ concurrent writers):
 
     python store_helpers.py write  <store> <N> <shard_rows> [<kill_shard> <kill_after_array>]
     python store_helpers.py worker <store> <shard> [<shard> ...]
+    python store_helpers.py hold   <store> <N> <shard_rows>   (open as the writer, say so, wait for stdin EOF)
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from distillpipe.store import ATTN_MASKED, MLM_UNUSED_POSITION, Manifest, SignalSpec, TeacherInfo, array_layout
+from distillpipe.store.manifest import Manifest, TeacherInfo
+from distillpipe.store.schema import ATTN_MASKED, MLM_UNUSED_POSITION, SignalSpec, array_layout
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,7 +42,10 @@ def tiny_manifest(n_rows: int = 500, shard_rows: int = 128, **overrides) -> Mani
     return Manifest(
         teacher=teacher,
         tokens_fingerprint=overrides.pop("tokens_fingerprint", "tok-fp-1"),
+        split=overrides.pop("split", "train"),
         signals=overrides.pop("signals", None) or tiny_spec(),
+        compute=overrides.pop("compute", None) or {"precision": "fp32", "batch_size": 8},
+        code=overrides.pop("code", None) or {"distillpipe/teacher/shard.py": "c0de" * 16},
         n_rows=n_rows,
         shard_rows=shard_rows,
     )
@@ -94,7 +99,7 @@ def tree_files(root: Path) -> dict[str, bytes]:
 
 
 def _main(argv: list[str]) -> None:
-    from distillpipe.store import create_or_resume, write_shard
+    from distillpipe.store.writer import create_or_resume, write_shard
 
     mode, store = argv[0], Path(argv[1])
     if mode == "write":
@@ -112,11 +117,17 @@ def _main(argv: list[str]) -> None:
             writer.write_shard(i, shard_arrays(manifest, i), on_array_written=maybe_die)
         writer.finalize()
     elif mode == "worker":
-        from distillpipe.store import open_store
+        from distillpipe.store.writer import store_manifest
 
-        manifest = open_store(store, allow_incomplete=True).manifest
+        manifest = store_manifest(store)  # a worker: the driver holds the store's lock
         for i in map(int, argv[2:]):
             write_shard(store, i, shard_arrays(manifest, i))
+    elif mode == "hold":
+        writer = create_or_resume(store, tiny_manifest(int(argv[2]), int(argv[3])))
+        writer.write_shard(0, shard_arrays(writer.manifest, 0))
+        print("holding", flush=True)
+        sys.stdin.read()  # until the test closes our stdin (or kills us)
+        writer.close()
     else:
         raise SystemExit(f"unknown mode {mode}")
 

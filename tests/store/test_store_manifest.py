@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from store_helpers import tiny_manifest, tiny_spec
 
-from distillpipe.store import Manifest, ManifestMismatch, check_manifest, diff_manifests
+from distillpipe.store.manifest import Manifest, ManifestMismatch, check_manifest, diff_manifests
 
 
 def test_round_trip_and_identity_excludes_progress():

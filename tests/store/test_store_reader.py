@@ -1,12 +1,16 @@
 """Reader: manifest validation on open, incomplete stores, inspect info."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 from store_helpers import shard_arrays, tiny_manifest
 
-from distillpipe.store import ManifestMismatch, StoreIncomplete, create_or_resume, format_info, open_store
+from distillpipe.store.lock import StoreLocked
+from distillpipe.store.manifest import ManifestMismatch, StoreDamaged, StoreIncomplete
+from distillpipe.store.reader import format_info, open_store
+from distillpipe.store.writer import create_or_resume
 
 
 def test_open_refuses_a_mismatch_naming_the_fields(reference_store):
@@ -29,6 +33,10 @@ def test_open_missing_and_incomplete(tmp_path):
     path = tmp_path / "s.zarr"
     writer = create_or_resume(path, manifest)
     writer.write_shard(1, shard_arrays(manifest, 1))
+    assert open_store(path, allow_incomplete=True).manifest.completed_shards == (1,)  # inspect a build
+    with pytest.raises(StoreLocked, match=r"is being written right now \(pid \d+ on "):
+        open_store(path)  # but never use it
+    writer.close()
     with pytest.raises(StoreIncomplete, match=r"1 of 4 shards complete; run `dvc repro teacher_cache` to finish"):
         open_store(path)
     store = open_store(path, allow_incomplete=True)
@@ -56,3 +64,41 @@ def test_info_figures_and_text(reference_store):
     text = format_info(info)
     for needle in ("tiny-bert", "tok-fp-1", "4 shards complete", "hidden/L1", "(500, 4, 8)", "float16", "bytes/row"):
         assert needle in text, needle
+
+
+def test_open_checks_every_completed_shards_files(store_copy):
+    """Sizes at every open (one stat per file), checksums on request; a flip that keeps the size is caught
+    when its chunk is read (crc32c per chunk). Each names the shard; none is a zarr traceback."""
+    (store_copy / "logits/c/0/0").unlink()
+    truncated = store_copy / "hidden/L3/c/1/0/0"
+    truncated.write_bytes(truncated.read_bytes()[:-3])
+    with pytest.raises(StoreDamaged) as err:
+        open_store(store_copy)
+    msg = str(err.value)
+    assert "shard 0: logits/c/0/0: missing" in msg and "shard 1: hidden/L3/c/1/0/0:" in msg and "truncated" in msg
+    assert f"dvc checkout {store_copy}" in msg
+
+
+def test_flipped_bytes_are_refused_on_read_and_by_verify(store_copy):
+    target = store_copy / "hidden/L1/c/2/0/0"
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0x04  # inside the first inner chunk's compressed bytes
+    target.write_bytes(bytes(data))
+    store = open_store(store_copy)  # same size: the cheap check passes
+    store.read(["hidden/L1"], 0, 256)  # other shards read fine
+    with pytest.raises(StoreDamaged, match=r"shard 2: hidden/L1/c/2/0/0: unreadable"):
+        store.read(["hidden/L1"], 256, 300)
+    with pytest.raises(StoreDamaged, match=r"shard 2: hidden/L1/c/2/0/0: sha256 .* differs from marker"):
+        open_store(store_copy, verify=True)
+
+
+def test_content_digest_follows_the_markers(reference_store, store_copy):
+    assert open_store(reference_store).content_sha256() == open_store(store_copy).content_sha256()
+    marker = store_copy / "shards_done" / "1.json"
+    marker.write_text(marker.read_text().replace('"rows"', '"rows" ', 1))  # other bytes, same content
+    assert open_store(reference_store).content_sha256() == open_store(store_copy).content_sha256()
+    rec = json.loads(marker.read_text())
+    key = next(iter(rec["files"]))
+    rec["files"][key]["sha256"] = "0" * 64
+    marker.write_text(json.dumps(rec))
+    assert open_store(reference_store).content_sha256() != open_store(store_copy, check_files=False).content_sha256()

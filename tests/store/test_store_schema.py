@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 from store_helpers import tiny_spec
 
-from distillpipe.store import ATTN_MASKED, SignalSpec, array_layout
-from distillpipe.store.schema import MAX_CHUNK_ROWS, MIN_CHUNK_ROWS, TARGET_CHUNK_BYTES
+from distillpipe.store.schema import (
+    ATTN_MASKED,
+    MAX_CHUNK_ROWS,
+    MIN_CHUNK_ROWS,
+    TARGET_CHUNK_BYTES,
+    SignalSpec,
+    array_layout,
+)
 
 
 def test_layout_shapes_and_dtypes_of_every_signal():

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from store_helpers import HERE, full_arrays, shard_arrays, tiny_manifest, tree_files
 
-from distillpipe.store import StoreIncomplete, create_or_resume, open_store, write_shard
+from distillpipe.store.manifest import StoreIncomplete
+from distillpipe.store.reader import open_store
 from distillpipe.store.shards import marked_shards
+from distillpipe.store.writer import create_or_resume, write_shard
 
 HELPER = str(HERE / "store_helpers.py")
 N, SHARD_ROWS = 500, 128
@@ -88,6 +90,7 @@ def test_damaged_shards_are_detected_and_recomputed(reference_store, store_copy,
     with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
         writer = create_or_resume(store_copy, manifest, checksum=False)
     assert writer.pending_shards() == [0, 1]
+    writer.close()
     assert "shard 0 is damaged" in caplog.text and "logits/c/0/0: missing" in caplog.text
     assert "shard 1 is damaged" in caplog.text and "truncated" in caplog.text
     assert open_store(store_copy, allow_incomplete=True).verify() == {
@@ -131,7 +134,7 @@ def test_params_change_rebuilds_with_warning(store_copy, caplog):
     changed = tiny_manifest(tokens_fingerprint="tok-fp-2")
     with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
         writer = create_or_resume(store_copy, changed)
-    assert "params or inputs changed: rebuilding the teacher cache" in caplog.text
+    assert "params, inputs or code changed: rebuilding the teacher cache" in caplog.text
     assert "tokens_fingerprint: cache has tok-fp-1, expected tok-fp-2" in caplog.text
     assert writer.pending_shards() == [0, 1, 2, 3] and marked_shards(store_copy, 4) == []
     assert not (store_copy / "logits/c/0/0").exists()

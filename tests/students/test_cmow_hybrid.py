@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distillpipe.config import CMOWHybridConfig, HeadConfig
+from distillpipe.config.students import CMOWHybridConfig, HeadConfig
 from distillpipe.students.base import TaskSpec
 from distillpipe.students.cmow_hybrid import CMOWHybrid
 from distillpipe.students.heads import diffcat

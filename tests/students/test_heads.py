@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from distillpipe.config import HeadConfig
+from distillpipe.config.students import HeadConfig
 from distillpipe.students.heads import build_head, diffcat
 
 

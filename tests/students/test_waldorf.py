@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distillpipe.config import ConfigError, HeadConfig, TrainRunConfig, WaLDORfConfig, build
+from distillpipe.config.base import ConfigError, build
+from distillpipe.config.students import HeadConfig, WaLDORfConfig
+from distillpipe.config.train import TrainRunConfig
 from distillpipe.students.base import TaskSpec
 from distillpipe.students.waldorf import WaLDORf
 from distillpipe.teacher.pooling import pooled_mask

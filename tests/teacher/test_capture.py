@@ -7,8 +7,9 @@ import pytest
 import torch
 from _teacher_tiny import N_LAYERS, live_forward, make_rows, manual_scores, tiny_model
 
-from distillpipe.teacher import CaptureRequest, capture_batch, collate, signal_names
 from distillpipe.teacher import capture as capture_mod
+from distillpipe.teacher.batching import collate
+from distillpipe.teacher.capture import CaptureRequest, capture_batch, signal_names
 
 ALL = tuple(range(1, N_LAYERS + 1))
 F16 = dict(rtol=2e-3, atol=2e-3)  # float16 storage of O(1) values

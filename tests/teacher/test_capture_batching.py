@@ -5,7 +5,7 @@ import pytest
 import torch
 from _teacher_tiny import make_rows
 
-from distillpipe.teacher import collate, length_buckets
+from distillpipe.teacher.batching import collate, length_buckets
 
 
 def test_collate_pads_rows_and_masked_positions():

@@ -11,7 +11,9 @@ import pytest
 import torch
 from _teacher_tiny import live_forward, make_rows, manual_scores
 
-from distillpipe.teacher import CaptureRequest, avg_pool_seq, capture_batch, collate, max_pool_scores, to_host
+from distillpipe.teacher.batching import collate
+from distillpipe.teacher.capture import CaptureRequest, capture_batch, to_host
+from distillpipe.teacher.pooling import avg_pool_seq, max_pool_scores
 
 T = 2.0
 P = 4
@@ -105,7 +107,10 @@ def through_store(tmp_path, model, req, batch, kind):
     """Capture, write one shard of a real store, read it back: exactly what training reads."""
     import numpy as np
 
-    from distillpipe.store import Manifest, SignalSpec, TeacherInfo, create_or_resume, open_store
+    from distillpipe.store.manifest import Manifest, TeacherInfo
+    from distillpipe.store.reader import open_store
+    from distillpipe.store.schema import SignalSpec
+    from distillpipe.store.writer import create_or_resume
 
     B, L = batch["input_ids"].shape
     mc = model.config
@@ -118,7 +123,8 @@ def through_store(tmp_path, model, req, batch, kind):
                       n_heads=mc.num_attention_heads, attn_probs_layers=req.attn_probs_layers,
                       embedding_size=mc.hidden_size if req.embeddings else 0)
     manifest = Manifest(teacher=TeacherInfo(name="tiny", weights_sha256="0" * 64, tokenizer_sha256="0" * 64, config={}),
-                        tokens_fingerprint="toy", signals=spec, n_rows=B, shard_rows=B)
+                        tokens_fingerprint="toy", split="train", signals=spec, compute={"precision": "fp32"},
+                        code={}, n_rows=B, shard_rows=B)
     writer = create_or_resume(tmp_path / "s.zarr", manifest)
     arrays = to_host(capture_batch(model, batch, req, seq_len=L, max_masked=spec.mlm_max_masked or None))
     writer.write_shard(0, {"row_index": np.arange(B), **arrays})

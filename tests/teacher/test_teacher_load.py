@@ -4,7 +4,7 @@ import pytest
 from _teacher_tiny import save_teacher_dir, tiny_model
 
 from distillpipe.assets import AssetError
-from distillpipe.teacher import load_teacher
+from distillpipe.teacher.load import load_teacher
 
 
 @pytest.fixture(scope="module")

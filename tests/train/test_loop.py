@@ -8,7 +8,11 @@ import pytest
 import torch
 from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
 
-from distillpipe.config import FinetuneRunConfig, LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.finetune import FinetuneRunConfig
+from distillpipe.config.run import LoaderConfig
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.config.train import TrainRunConfig
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.data import IGNORE, collate
@@ -173,7 +177,7 @@ def _unlabeled_copy(toy, root):
 
 
 def test_augmented_rows_are_mixed_in_with_teacher_losses_only(toy, tmp_path):
-    from distillpipe.config import TrainAugRunConfig
+    from distillpipe.config.train_aug import TrainAugRunConfig
 
     aug_tokens, aug_store = _unlabeled_copy(toy, toy["root"])
     rcfg = build(TrainAugRunConfig, {**_cls_run(optim=_optim(epochs=1)), "augment": "toy_aug"}, "runs.aug")

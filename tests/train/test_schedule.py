@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from distillpipe.config import AllAtOnceConfig, ConfigError, ScheduleConfig, SlowBuildConfig, build
+from distillpipe.config.base import ConfigError, build
+from distillpipe.config.run import AllAtOnceConfig, ScheduleConfig, SlowBuildConfig
 from distillpipe.train.schedule import build_schedule
 
 
@@ -189,7 +190,7 @@ def test_schedule_config_loader_and_checks():
 
 
 def test_slow_build_without_embedding_loss_starts_with_block_0():
-    from distillpipe.config import SlowBuildConfig
+    from distillpipe.config.run import SlowBuildConfig
     from distillpipe.train.schedule import build_schedule
 
     cfg = SlowBuildConfig(kind="slow_build", phase_steps=10, build_fraction=None, warmup_fraction=0.0,

@@ -7,7 +7,10 @@ import pytest
 import torch
 from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
 
-from distillpipe.config import LoaderConfig, TeacherCacheDatasetConfig, TrainRunConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.run import LoaderConfig
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.config.train import TrainRunConfig
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from datasets import DatasetDict
 
-from distillpipe.config import PrepareDatasetConfig
+from distillpipe.config.prepare import AnyDatasetConfig
 from distillpipe.data import schema
 from distillpipe.data.sources import PrepareError, build_source
 
@@ -41,7 +41,7 @@ class PrepareSummary:
         return f"prepare {self.name}: {self.total_rows:,} rows ({splits}), skipped {skipped}, {self.seconds:.1f} s"
 
 
-def prepare_dataset(name: str, cfg: PrepareDatasetConfig, out_dir: Path) -> PrepareSummary:
+def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path) -> PrepareSummary:
     """Build dataset ``name`` from ``cfg`` and write it to ``out_dir`` (replacing what is there).
 
     The folder is written next to ``out_dir`` first and renamed at the end, so a killed run
@@ -53,7 +53,7 @@ def prepare_dataset(name: str, cfg: PrepareDatasetConfig, out_dir: Path) -> Prep
     prepared = build_source(name, cfg)
     for split, ds in prepared.splits.items():
         if len(ds) == 0:
-            raise PrepareError(f"prepare.datasets.{name}: split {split!r} is empty; check its source and fractions")
+            raise PrepareError(f"prepare: dataset {name}: split {split!r} is empty; check its source and fractions")
     rows = {split: len(ds) for split, ds in prepared.splits.items()}
     skipped = prepared.skips.as_dict()
     meta = {
@@ -62,7 +62,8 @@ def prepare_dataset(name: str, cfg: PrepareDatasetConfig, out_dir: Path) -> Prep
         "num_labels": prepared.num_labels,
         "label_names": prepared.label_names,
         "text_fields": prepared.text_fields,
-        "source": dataclasses.asdict(cfg),
+        # not the folder of local files: moving the data elsewhere must not change the output
+        "source": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "path"},
         "summary": {"rows": rows, "skipped": skipped},
     }
     assert prepared.task_type in schema.TASK_TYPES, prepared.task_type

@@ -1,7 +1,7 @@
 """The ``tokenize`` stage: prepared datasets -> teacher-tokenized rows (the ``Tokens`` format).
 
-Owns the entry point :func:`tokenize_dataset`, tokenizer loading, the tokens fingerprint that the
-teacher cache checks, the classification encodings (joint ``[CLS] a [SEP] b [SEP]`` and separate
+Owns the entry point :func:`tokenize_dataset`, tokenizer loading, the tokens fingerprint (a content
+digest) that the teacher cache checks, the classification encodings (joint ``[CLS] a [SEP] b [SEP]`` and separate
 ``[CLS] x [SEP]`` for DiffCat) and the Arrow writing. MLM packing and static masking live in
 :mod:`distillpipe.data.masking`, QA windows in :mod:`distillpipe.data.qa_windows`.
 
@@ -24,21 +24,25 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from distillpipe.assets import json_sha256, resolve_model, sha256_dir, tokenizer_sha256
-from distillpipe.config import TokenizeClassificationConfig, TokenizeConfig, TokenizeMLMConfig, TokenizeQAConfig
+from distillpipe.assets import resolve_model, tokenizer_sha256
+from distillpipe.config.tokenize import (
+    TokenizeClassificationConfig,
+    TokenizeConfig,
+    TokenizeMLMConfig,
+    TokenizeQAConfig,
+)
 from distillpipe.data import schema
 from distillpipe.data.masking import MaskingSpec, masked_rows, pack_blocks
 from distillpipe.data.qa_windows import check_lengths, qa_window_columns
+from distillpipe.errors import UserError
+from distillpipe.identity import json_sha256, sha256_dir
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
-"""Part of the fingerprint: bump when a code change alters what is written for the same inputs."""
 
 KIND_OF_TASK = {"corpus": "mlm", "classification": "classification", "regression": "classification", "qa": "qa"}
 
 
-class TokenizeError(ValueError):
+class TokenizeError(UserError, ValueError):
     """The prepared data, the tokenizer or the tokenize params do not fit together."""
 
 
@@ -123,19 +127,15 @@ def dataset_params(cfg: TokenizeConfig, name: str) -> dict[str, Any]:
     return {**dataclasses.asdict(cfg.datasets[name]), "max_seq_len": cfg.max_seq_len}
 
 
-def prepared_fingerprint(prepared_dir: str | Path) -> str:
-    """Content digest of a prepared folder: its Arrow files and its meta.json without the summary.
-
-    Not ``state.json`` (its ``_fingerprint`` is not a content hash) nor the summary (which may hold
-    timings), so re-preparing identical data keeps the fingerprint.
-    """
-    meta = {k: v for k, v in schema.read_meta(prepared_dir).items() if k != "summary"}
-    return json_sha256({"arrow": sha256_dir(prepared_dir, ["*.arrow"]), "meta": meta})
-
-
-def tokens_fingerprint(prepared_dir: str | Path, tokenizer_sha: str, params: dict[str, Any]) -> str:
-    return json_sha256({"format": FORMAT_VERSION, "prepared": prepared_fingerprint(prepared_dir),
-                        "tokenizer": tokenizer_sha, "params": params})
+def tokens_fingerprint(tokens_dir: str | Path) -> str:
+    """Content digest of a tokens folder: its Arrow files and its meta.json, without the fingerprint itself,
+    the summary (counts, shown to people) and the tokenizer's spec (where it was read from; its sha256
+    stays). The teacher cache's manifest holds it, so a cache is reused exactly when the tokens are the
+    same bytes, whatever code, params or inputs produced them, and rebuilt whenever they are not."""
+    meta = schema.read_meta(tokens_dir)
+    meta = {k: v for k, v in meta.items() if k not in ("fingerprint", "summary")}
+    meta["tokenizer"] = {k: v for k, v in meta["tokenizer"].items() if k != "spec"}
+    return json_sha256({"arrow": sha256_dir(tokens_dir, ["*.arrow"]), "meta": meta})
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,7 +173,6 @@ def tokenize_dataset(name: str, prepared_dir: Path, cfg: TokenizeConfig, out_dir
     tok, model_dir = load_tokenizer(cfg.tokenizer)
     tok_sha = tokenizer_sha256(model_dir)
     params = dataset_params(cfg, name)
-    fingerprint = tokens_fingerprint(prepared_dir, tok_sha, params)
     writer = _SplitWriter(name, dcfg, task_type, meta_in, tok, cfg.max_seq_len, batch_size)
 
     tmp = out_dir.parent / f".{out_dir.name}.tmp"
@@ -182,12 +181,14 @@ def tokenize_dataset(name: str, prepared_dir: Path, cfg: TokenizeConfig, out_dir
     (tmp / "work").mkdir(parents=True)
     try:
         summary = writer.run(dd, tmp, t0)
-        meta = {"name": name, "task_type": task_type, "kind": dcfg.kind, "fingerprint": fingerprint,
+        meta = {"name": name, "task_type": task_type, "kind": dcfg.kind, "fingerprint": None,
                 "num_labels": meta_in.get("num_labels"), "label_names": meta_in.get("label_names"),
                 # False for generated rows without ground truth (augment): students use teacher losses only
                 "labeled": schema.is_labeled(meta_in),
                 "tokenizer": tokenizer_meta(tok, cfg.tokenizer, tok_sha), "max_seq_len": cfg.max_seq_len,
                 "params": params, "summary": summary.to_meta()}
+        schema.write_meta(tmp / "out", meta)
+        meta["fingerprint"] = tokens_fingerprint(tmp / "out")
         schema.write_meta(tmp / "out", meta)
         _replace_dir(tmp / "out", out_dir)
     finally:

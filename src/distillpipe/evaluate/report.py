@@ -1,6 +1,7 @@
 """The results report: ``reports/results.md`` and a speed-vs-quality PNG, from per-run metrics dicts.
 
-Input: one metrics dict per run, as the ``evaluate`` stage writes them (one JSON per run)::
+Input: one metrics dict per run, as the ``evaluate`` stage writes them (one JSON per run), with the
+``speed`` stage's timings of the run under ``"speed"``::
 
     {"run", "student", "dataset", "task_type", "note", "primary_metric",
      "dev": {metric: value}, "test": {metric: value} | None,
@@ -406,13 +407,20 @@ def load_results(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
     return out
 
 
-def write_report(metrics_dir: Path | str, cfg: Any, out_md: Path | str, out_png: Path | str) -> str:
-    """The ``report`` stage: every ``*.json`` in ``metrics_dir`` (sorted by name) and the tables of the
-    ``report`` params section (a :class:`distillpipe.config.ReportConfig`); returns a one-line summary."""
+def write_report(metrics_dir: Path | str, speed_dir: Path | str, cfg: Any, out_md: Path | str,
+                 out_png: Path | str) -> str:
+    """The ``report`` stage: every ``*.json`` in ``metrics_dir`` (evaluate's scores, sorted by name), each
+    joined with its run's timings from ``speed_dir`` (the speed stage's ``<run>.json``; a run without
+    one is reported without speed), and the tables of the ``report`` params section (a
+    :class:`distillpipe.config.report.ReportConfig`); returns a one-line summary."""
     paths = sorted(Path(metrics_dir).glob("*.json"))
     if not paths:
         raise FileNotFoundError(f"no run metrics in {metrics_dir}: run the evaluate stage first (`dvc repro evaluate`)")
+    results = load_results(paths)
+    for r in results:
+        timing = Path(speed_dir) / f"{r['run']}.json"
+        r["speed"] = load_results([timing])[0] if timing.is_file() else None
     tables = [TableSpec(title=t.title, runs=list(t.runs), paper=t.paper, caption=t.caption, metric=t.metric)
               for t in cfg.tables]
-    render_results(load_results(paths), tables, out_md=out_md, out_png=out_png)
+    render_results(results, tables, out_md=out_md, out_png=out_png)
     return f"report: {len(paths)} runs, {len(tables)} tables -> {out_md}, {out_png}"

@@ -1,9 +1,10 @@
-"""The ``evaluate`` stage: score a trained student beside its teacher and time both in the same run.
+"""The ``evaluate`` stage: score a trained student beside its teacher.
 
 One JSON per run (``metrics/students/<run>.json``, the format evaluate/report.py reads): task
-metrics on each requested split for student and teacher, parameter counts with and without
-embeddings (CMOW paper Tables XII-XIII), and sentences/s of both under the same protocol
-(CMOW paper Table V: random batches of 256 x 64 tokens, no grad, warm-up, median of repeats).
+metrics on each requested split for student and teacher and parameter counts with and without
+embeddings (CMOW paper Tables XII-XIII). Nothing in it depends on timing, so evaluating the same
+student on the same data gives the same bytes; sentences/s are the ``speed`` stage's
+(evaluate/timing.py), a separate output.
 """
 
 from __future__ import annotations
@@ -15,32 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from distillpipe.config import ConfigError, EvaluateConfig, EvaluateRunConfig
+from distillpipe.config.base import ConfigError
+from distillpipe.config.evaluate import EvaluateConfig, EvaluateRunConfig
 from distillpipe.data.schema import read_meta
-from distillpipe.evaluate.speed import count_parameters, measure_throughput, random_batch
-from distillpipe.evaluate.student import evaluate_student, primary_metric
-from distillpipe.runtime import autocast, resolve_device
+from distillpipe.evaluate.student import count_parameters, evaluate_student, primary_metric
+from distillpipe.runtime import resolve_device
 from distillpipe.students import load_student
+from distillpipe.teacher.finetune import METRICS_FILE, evaluate_teacher
+from distillpipe.teacher.load import load_teacher
 
 log = logging.getLogger(__name__)
-
-
-def _teacher_forward(model):
-    def forward(batch: dict[str, torch.Tensor]):
-        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(),
-                     token_type_ids=batch["token_type_ids"])
-    return forward
 
 
 def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, student_dir: str | Path,
                  tokens_dir: str | Path, prepared_dir: str | Path, teacher_dir: str | Path,
                  out_path: str | Path) -> dict[str, Any]:
     from datasets import load_from_disk
-
-    from distillpipe.teacher.finetune import evaluate_teacher
-    from distillpipe.teacher.load import load_teacher
 
     t0 = time.time()
     device = resolve_device(cfg.device)
@@ -80,38 +72,11 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
             teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, None, prepared_dir,
             split=split, threshold=dev_t.get("threshold"))
 
-    sp = cfg.speed
-
-    def make_batch(pairs_: bool) -> dict[str, torch.Tensor]:
-        return random_batch(sp.batch_size, sp.seq_len, task.vocab_size, pad_id=task.pad_id, device=device, seed=0,
-                            pairs=pairs_)
-
-    def student_forward(batch):
-        with autocast(device):
-            return model(batch)
-
-    teacher_fwd = _teacher_forward(teacher)
-
-    def teacher_forward(batch):
-        with autocast(device):
-            return teacher_fwd(batch)
-
-    s_speed = measure_throughput(student_forward, lambda: make_batch(pairs), n_sequences_per_batch=sp.batch_size,
-                                 warmup=sp.warmup, repeats=sp.repeats, batches_per_repeat=sp.batches_per_repeat,
-                                 device=device)
-    t_speed = measure_throughput(teacher_forward, lambda: make_batch(False), n_sequences_per_batch=sp.batch_size,
-                                 warmup=sp.warmup, repeats=sp.repeats, batches_per_repeat=sp.batches_per_repeat,
-                                 device=device)
-    s_rate, t_rate = s_speed.sentences_per_s, t_speed.sentences_per_s
-
     result = {
         "run": name, "student": record["model"].student, "dataset": run.dataset, "task_type": meta["task_type"],
         "note": record.get("note", ""), "primary_metric": primary_metric(task.kind, meta),
         "dev": student_scores.get("dev"), "test": student_scores.get("test"),
         "params": count_parameters(model),
-        "speed": {"device": device.type, "batch_size": sp.batch_size, "seq_len": sp.seq_len,
-                  "student_sentences_per_s": s_rate, "teacher_sentences_per_s": t_rate,
-                  "speedup": s_rate / t_rate if t_rate else float("nan")},
         "teacher": {"name": run.teacher, "dev": teacher_scores.get("dev"), "test": teacher_scores.get("test"),
                     "params": count_parameters(teacher)},
         "train": {k: record.get(k) for k in ("steps", "best_step", "init")},
@@ -120,16 +85,13 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=_plain) + "\n")
     m = result["primary_metric"]
-    log.info("evaluate %s: %s dev %.4f (teacher %.4f), %.0f vs %.0f sentences/s (%.1fx) in %.1f s", name, m,
-             (result["dev"] or {}).get(m, float("nan")), (result["teacher"]["dev"] or {}).get(m, float("nan")),
-             s_rate, t_rate, result["speed"]["speedup"], time.time() - t0)
+    log.info("evaluate %s: %s dev %.4f (teacher %.4f) in %.1f s", name, m, (result["dev"] or {}).get(m, float("nan")),
+             (result["teacher"]["dev"] or {}).get(m, float("nan")), time.time() - t0)
     return result
 
 
 def _recorded_teacher_scores(teacher_dir: Path, meta: dict) -> dict[str, dict]:
     """{split: metrics} that teacher_finetune recorded for this dataset, or {} (e.g. an imported teacher)."""
-    from distillpipe.teacher.finetune import METRICS_FILE
-
     path = teacher_dir / METRICS_FILE
     if not path.is_file():
         return {}

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -163,18 +162,3 @@ def random_batch(
             "b_attention_mask": ones(half),
         }
     return batch
-
-
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """``{"total": ..., "without_embeddings": ...}`` parameter counts (CMOW paper Tables XII-XIII).
-
-    Embeddings are the parameters of ``nn.Embedding`` / ``nn.EmbeddingBag`` modules (token,
-    position, type, CMOW matrix embeddings). Shared or tied parameters are counted once; a weight
-    tied to an embedding (e.g. an MLM decoder) counts as embedding.
-    """
-    params = {id(p): p.numel() for p in model.parameters()}
-    embedding = {
-        id(p) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for p in m.parameters()
-    }
-    total = sum(params.values())
-    return {"total": total, "without_embeddings": total - sum(params[i] for i in embedding if i in params)}

@@ -7,6 +7,8 @@ length-sorted, seeded generation), ``filters`` (dropping bad questions), ``augme
 stage: paragraph selection and the chunked, resumable writer).
 """
 
+from distillpipe.errors import UserError
 
-class QgError(ValueError):
+
+class QgError(UserError, ValueError):
     """The QA data, the corpus, the generator or the params do not fit together; the message says how to fix it."""

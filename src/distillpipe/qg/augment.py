@@ -33,9 +33,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from distillpipe.assets import json_sha256, sha256_dir, sha256_file
-from distillpipe.config import AugmentConfig
+from distillpipe.config.augment import AugmentConfig
 from distillpipe.data import schema
+from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
 from distillpipe.qg import QgError
 from distillpipe.qg.filters import REASONS, filter_questions
 from distillpipe.qg.generate import GenerationStats, decoding_kwargs, generate_questions
@@ -174,7 +174,8 @@ class ChunkLog:
         run = self._read_json(folder / RUN_FILE)
         if run != {"run_id": run_id, "n_chunks": n_chunks}:
             if any(folder.iterdir()):
-                log.warning("chunks in %s are from other params, inputs or generator: starting over", folder)
+                log.warning("chunks in %s are from other params, inputs, generator, code or device: starting over",
+                            folder)
             self.clear(remove_folder=False)
             _write_atomic(folder / RUN_FILE, json.dumps({"run_id": run_id, "n_chunks": n_chunks}) + "\n")
         recorded = self._read_json(folder / DONE_FILE) or {}
@@ -239,8 +240,12 @@ def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, q
     generator_sha = sha256_dir(qg_dir)
     chunk_size = cfg.chunk_paragraphs
     n_chunks = -(-len(paragraphs) // chunk_size)
+    device = resolve_device(cfg.device)
+    # A chunk is reused only by a run that would write the same questions: same generator, params, paragraphs,
+    # code (the import closure of this module: generation, filters) and device type (sampling differs by device).
     run_id = json_sha256({"format": FORMAT_VERSION, "generator": generator_sha, "params": dataclasses.asdict(cfg),
-                          "paragraphs": json_sha256([(p.doc_id, p.text) for p in paragraphs])})
+                          "paragraphs": json_sha256([(p.doc_id, p.text) for p in paragraphs]),
+                          "code": code_digests(["distillpipe.qg.augment"]), "device": device.type})
     chunks = ChunkLog(chunks_dir, run_id, n_chunks)
     todo = [i for i in range(n_chunks) if i not in chunks.done]
     resumed = n_chunks - len(todo)
@@ -249,7 +254,6 @@ def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, q
 
     stats = GenerationStats()
     if todo:
-        device = resolve_device(cfg.device)
         model, tok = load_pretrained_t5(qg_dir)
         model.to(device)
         gen_kwargs = decoding_kwargs(cfg.decoding, cfg.n_per_paragraph, cfg.max_new_tokens, cfg.no_repeat_ngram_size)

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Hashable, Sequence
 
-from distillpipe.config import AugmentFiltersConfig
+from distillpipe.config.augment import AugmentFiltersConfig
 
 REASONS = ("empty", "too short", "context copies", "duplicates")
 _NOT_WORD = re.compile(r"[^\w\s]+")

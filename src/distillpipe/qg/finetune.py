@@ -27,10 +27,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distillpipe.assets import json_sha256, resolve_model, sha256_dir, sha256_file, tokenizer_sha256, weights_sha256
-from distillpipe.config import GreedyDecodingConfig, QgFinetuneConfig, QgPretrainedModelConfig, QgScratchModelConfig
+from distillpipe.assets import resolve_model, tokenizer_sha256, weights_sha256
+from distillpipe.config.decoding import GreedyDecodingConfig
+from distillpipe.config.qg_finetune import QgFinetuneConfig, QgPretrainedModelConfig, QgScratchModelConfig
 from distillpipe.data.batching import length_batches, pad_sequences
 from distillpipe.data.schema import read_meta
+from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
 from distillpipe.qg import QgError
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
 from distillpipe.qg.model import QG_META, build_scratch_t5, load_pretrained_t5, source_text
@@ -193,11 +195,13 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
         # Resume only a run of the same params, data and vocabulary; anything else starts over, saying so.
         run_id = json_sha256({"format": FORMAT_VERSION, "cfg": dataclasses.asdict(cfg), "tokenizer": tok_sha,
                               "data": sha256_dir(prepared_dir, ["*.arrow"]),
-                              "base": weights_sha256(base_dir) if base_dir is not None else None})
+                              "base": weights_sha256(base_dir) if base_dir is not None else None,
+                              "code": code_digests(["distillpipe.qg.finetune"]), "device": device.type})
         epoch, step_in_epoch, step = 0, 0, 0
         state = load_latest(ckpt_dir)
         if state is not None and state.get("run_id") != run_id:
-            log.warning("checkpoint in %s is from other params, data or vocabulary: starting over", ckpt_dir)
+            log.warning("checkpoint in %s is from other params, data, vocabulary, code or device: starting over",
+                        ckpt_dir)
             clear_checkpoints(ckpt_dir)
             state = None
         if state is not None:

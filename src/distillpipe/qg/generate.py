@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distillpipe.config import BeamDecodingConfig, DecodingConfig, GreedyDecodingConfig, SampleDecodingConfig
+from distillpipe.config.decoding import BeamDecodingConfig, DecodingConfig, GreedyDecodingConfig, SampleDecodingConfig
 from distillpipe.data.batching import pad_sequences
 from distillpipe.runtime import autocast
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from distillpipe.config import QgScratchModelConfig
+from distillpipe.config.qg_finetune import QgScratchModelConfig
 from distillpipe.qg import QgError
 
 QG_META = "qg.json"

@@ -5,19 +5,26 @@ Stored as JSON in the root group's attributes under ``"manifest"``. Fields:
 =====================  ==========================================================================
 format_version         layout/semantics version of the store (:data:`FORMAT_VERSION`)
 teacher                {name, weights_sha256, tokenizer_sha256, config (JSON object)}
-tokens_fingerprint     fingerprint of the tokens dataset the rows come from
+tokens_fingerprint     content digest of the tokens dataset the rows come from
+split                  the tokens split whose rows are cached (``train``)
 signals                the :class:`~distillpipe.store.schema.SignalSpec` as a dict
+compute                how the values were computed: {precision, batch_size}; a resumed build must not
+                       mix bf16-on-GPU shards with fp32-on-CPU ones, nor batchings (padding and kernel
+                       choice shift the last bits)
+code                   {source file: sha256} of the code that decides the bytes (the import closure of
+                       the capture, pooling and writer modules, see ``distillpipe.teacher.shard``)
 code_version           ``distillpipe.__version__`` that wrote the store
 n_rows, shard_rows     N and rows per shard
 completed_shards       sorted shard indices known complete (progress, not identity)
 =====================  ==========================================================================
 
-Identity vs progress: a stale cache must never be used silently, so readers and the writer compare
-the *identity* fields and refuse (reader) or rebuild (writer) on any difference. Progress
-(``completed_shards``) and provenance (``code_version``) are excluded: comparing the code version
-would throw away hundreds of GB of teacher outputs at every release although the stored values do
-not depend on it. A change to what the store means or how it is laid out must bump
-:data:`FORMAT_VERSION`, which is compared.
+Identity vs progress: a stale cache must never be used silently, so the writer compares every
+*identity* field and rebuilds on any difference, naming it (``code.distillpipe/teacher/pooling.py: cache
+has 1a2b…, expected 3c4d…``). Progress (``completed_shards``) and provenance (``code_version``) are not
+compared. Readers (student training) compare only the fields they name (teacher, tokens, split): a
+store built by other code is still the teacher's outputs on those tokens, and training code differs
+from the code that built it by design. A change to what the store means or how it is laid out must
+bump :data:`FORMAT_VERSION`, which is compared.
 """
 
 from __future__ import annotations
@@ -28,15 +35,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import distillpipe
+from distillpipe.errors import UserError
 from distillpipe.store.schema import SignalSpec
 
-FORMAT_VERSION = 1
+MANIFEST_KEY = "manifest"
+"""Key of the manifest in the root group's attributes."""
+FORMAT_VERSION = 2
+"""2: crc32c per inner chunk (a damaged chunk fails its read), code and compute in the identity."""
 NOT_COMPARED = ("completed_shards", "code_version")
 """Top-level manifest fields left out of identity comparisons (progress and provenance)."""
 _MISSING = object()
 _FIX_HINT = (
-    "Re-run `dvc repro teacher_cache` to rebuild the cache for the current params and inputs "
-    "(or delete {path} and re-run)."
+    "Re-run `dvc repro teacher_cache` to rebuild the cache for the current params, inputs and code "
+    "(or `dvc pull` the cache that matches them)."
 )
 
 
@@ -71,7 +82,12 @@ class Manifest:
 
     teacher: TeacherInfo
     tokens_fingerprint: str
+    split: str
     signals: SignalSpec
+    compute: Mapping[str, Any]
+    """{"precision": "fp32" | "bf16-autocast", "batch_size": int}: how the values were computed."""
+    code: Mapping[str, str]
+    """{source file: sha256} of the code that decides the bytes."""
     n_rows: int
     shard_rows: int
     completed_shards: tuple[int, ...] = ()
@@ -85,6 +101,8 @@ class Manifest:
         if done and (done[0] < 0 or done[-1] >= self.n_shards):
             raise ValueError(f"completed_shards {list(done)} out of range for {self.n_shards} shards")
         object.__setattr__(self, "completed_shards", done)
+        object.__setattr__(self, "compute", _json_normal(dict(self.compute)))
+        object.__setattr__(self, "code", dict(sorted(self.code.items())))
 
     @property
     def n_shards(self) -> int:
@@ -109,7 +127,10 @@ class Manifest:
             "format_version": self.format_version,
             "teacher": self.teacher.to_dict(),
             "tokens_fingerprint": self.tokens_fingerprint,
+            "split": self.split,
             "signals": self.signals.to_dict(),
+            "compute": dict(self.compute),
+            "code": dict(self.code),
             "code_version": self.code_version,
             "n_rows": self.n_rows,
             "shard_rows": self.shard_rows,
@@ -122,15 +143,18 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
-        names = {"format_version", "teacher", "tokens_fingerprint", "signals", "code_version",
-                 "n_rows", "shard_rows", "completed_shards"}  # fmt: skip
+        names = {"format_version", "teacher", "tokens_fingerprint", "split", "signals", "compute", "code",
+                 "code_version", "n_rows", "shard_rows", "completed_shards"}  # fmt: skip
         unknown, missing = sorted(set(d) - names), sorted(names - set(d))
         if unknown or missing:
             raise ValueError(f"manifest: unknown keys {unknown}, missing keys {missing}")
         return cls(
             teacher=TeacherInfo(**d["teacher"]),
             tokens_fingerprint=d["tokens_fingerprint"],
+            split=str(d["split"]),
             signals=SignalSpec.from_dict(d["signals"]),
+            compute=d["compute"],
+            code=d["code"],
             n_rows=int(d["n_rows"]),
             shard_rows=int(d["shard_rows"]),
             completed_shards=tuple(d["completed_shards"]),
@@ -151,7 +175,7 @@ class FieldDiff:
         return f"{self.path}: cache has {_show(self.actual)}, expected {_show(self.expected)}"
 
 
-class StoreIncomplete(RuntimeError):
+class StoreIncomplete(UserError, RuntimeError):
     """The store exists and matches, but not every shard has been written yet."""
 
     def __init__(self, where: str, done: int, total: int):
@@ -162,7 +186,24 @@ class StoreIncomplete(RuntimeError):
         )
 
 
-class ManifestMismatch(ValueError):
+class StoreDamaged(UserError, RuntimeError):
+    """Files of completed shards are missing, truncated or altered: the cache on disk is not what was built.
+
+    One message argument, so that a DataLoader worker's exception re-raises as this class."""
+
+    @classmethod
+    def of_shards(cls, where: str, problems: Mapping[int, list[str]]) -> StoreDamaged:
+        lines = "\n".join(f"  - shard {i}: {'; '.join(p)}" for i, p in sorted(problems.items())[:20])
+        more = f"\n  (and {len(problems) - 20} more shards)" if len(problems) > 20 else ""
+        return cls(f"teacher cache {where} is damaged ({len(problems)} shard(s)):\n{lines}{more}\n" + DAMAGE_FIX.format(
+            path=where))
+
+
+DAMAGE_FIX = ("Restore it with `dvc checkout {path}` (or `dvc pull {path}`), or recompute the damaged shards with "
+              "`dvc repro teacher_cache` (the stage checks every shard and redoes the bad ones).")
+
+
+class ManifestMismatch(UserError, ValueError):
     """The cache on disk was built from other params or inputs than the caller expects."""
 
     def __init__(self, where: str, differences: list[FieldDiff]):

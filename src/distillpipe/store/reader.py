@@ -1,14 +1,28 @@
-"""Reading a teacher-cache store: open with manifest validation, read row ranges, inspect.
+"""Reading a teacher-cache store: open with validation, read row ranges, inspect.
 
-:func:`open_store` refuses a cache that does not match what the caller expects (naming every
-differing field) and, unless asked otherwise, a cache whose build has not finished. Reads are row
-ranges of whole arrays; for training use the block loader (:mod:`distillpipe.store.loader`),
-which reads chunk-aligned blocks: random single-row reads decode a whole inner chunk (8-64 rows)
-per row and are tens of times slower.
+:func:`open_store` refuses, each with a message that says how to fix it (all user errors, exit 2):
+
+* a store that is being written right now (its lock is held: :mod:`distillpipe.store.lock`);
+* a store that does not match what the caller expects, naming every differing manifest field;
+* a store whose build has not finished (unless ``allow_incomplete``);
+* a damaged store: every completed shard's files must exist with the sizes its completion marker
+  recorded (one ``stat`` per file, always on), and with ``verify=True`` their sha256 too (reads every
+  byte: a training run does it when it resumes, ``distillpipe inspect --verify`` on demand).
+
+Bytes that changed without changing a file's size are caught when they are read: every inner chunk
+carries a crc32c, and :meth:`TeacherStore.read` turns a failed read into
+:class:`~distillpipe.store.manifest.StoreDamaged` naming the shards it touched. So no training step
+ever sees a damaged value, and no zarr traceback reaches a user.
+
+Reads are row ranges of whole arrays; for training use the block loader (:mod:`distillpipe.store.loader`),
+which reads chunk-aligned blocks: random single-row reads decode a whole inner chunk (8-64 rows) per
+row and are tens of times slower.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -17,10 +31,10 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distillpipe.store.manifest import Manifest, StoreIncomplete, check_manifest
+from distillpipe.store.lock import StoreLocked, writer_active
+from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreDamaged, StoreIncomplete, check_manifest
 from distillpipe.store.schema import ArraySpec, array_layout
-from distillpipe.store.shards import marked_shards, shard_key, tree_bytes, verify_shards
-from distillpipe.store.writer import MANIFEST_KEY
+from distillpipe.store.shards import marked_shards, read_marker, shard_key, tree_bytes, verify_shards
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +71,30 @@ class TeacherStore:
 
     def read(self, names: Iterable[str], start: int, stop: int) -> dict[str, np.ndarray]:
         """Rows ``[start, stop)`` of each array in ``names``. Rows of shards that are not complete
-        (only possible with ``allow_incomplete``) read as the arrays' fill values."""
+        (only possible with ``allow_incomplete``) read as the arrays' fill values. A chunk that fails
+        its checksum or cannot be decoded raises :class:`StoreDamaged` naming its shard."""
         if not 0 <= start <= stop <= self.n_rows:
             raise IndexError(f"rows [{start}, {stop}) out of range for {self.root} with {self.n_rows} rows")
-        return {name: np.asarray(self._array(name)[start:stop]) for name in names}
+        out = {}
+        for name in names:
+            array = self._array(name)
+            try:
+                out[name] = np.asarray(array[start:stop])
+            except Exception as e:  # crc32c mismatch, truncated shard index, undecodable chunk...
+                shards = range(start // self.manifest.shard_rows, -(-stop // self.manifest.shard_rows))
+                raise StoreDamaged.of_shards(str(self.root), {
+                    i: [f"{shard_key(self.layout[name], i)}: unreadable ({type(e).__name__}: {e})"] for i in shards
+                }) from e
+        return out
+
+    def content_sha256(self) -> str:
+        """Digest of what the store holds: the manifest's identity and the sha256 of every completed
+        shard's files as their markers record them (no file is read: pair it with ``verify``)."""
+        h = hashlib.sha256(json.dumps(self.manifest.identity(), sort_keys=True).encode())
+        for i in self.manifest.completed_shards:
+            marker = read_marker(self.root, i)
+            h.update(json.dumps(marker, sort_keys=True).encode() if marker else b"missing")
+        return h.hexdigest()
 
     def verify(self, *, checksum: bool = True) -> dict[int, list[str]]:
         """Check every completed shard's files against its completion marker:
@@ -103,18 +137,27 @@ class TeacherStore:
 
 
 def open_store(
-    path: str | Path, expected: Manifest | Mapping[str, Any] | None = None, *, allow_incomplete: bool = False
+    path: str | Path, expected: Manifest | Mapping[str, Any] | None = None, *, allow_incomplete: bool = False,
+    check_files: bool = True, verify: bool = False,
 ) -> TeacherStore:
     """Open the teacher cache at ``path`` read-only.
 
     ``expected``: a :class:`Manifest` (compared on every identity field) or a dict holding the
     manifest fields the caller cares about, nested like the manifest (e.g. ``{"teacher":
     {"tokenizer_sha256": ...}, "tokens_fingerprint": ..., "signals": {...}}``); only the fields it
-    names are compared. Raises :class:`~distillpipe.store.manifest.ManifestMismatch` naming every
-    differing field, and :class:`~distillpipe.store.manifest.StoreIncomplete` when shards are
-    missing (unless ``allow_incomplete``, for inspection).
+    names are compared. Raises :class:`~distillpipe.store.lock.StoreLocked` while a writer holds the
+    store (unless ``allow_incomplete``: inspecting a build in progress),
+    :class:`~distillpipe.store.manifest.ManifestMismatch` naming every differing field,
+    :class:`~distillpipe.store.manifest.StoreIncomplete` when shards are missing (unless
+    ``allow_incomplete``, for inspection) and :class:`~distillpipe.store.manifest.StoreDamaged` when a
+    completed shard's files are missing or have other sizes than recorded (``check_files``; with
+    ``verify`` also other sha256).
     """
     root = Path(path)
+    owner = writer_active(root)
+    if owner is not None and not allow_incomplete:  # inspecting a build in progress is fine; using it is not
+        raise StoreLocked(f"teacher cache {root} is being written right now ({owner}); wait for the teacher_cache "
+                          "stage to finish")
     if not (root / "zarr.json").is_file():
         raise FileNotFoundError(
             f"no teacher cache at {root}: run `dvc repro teacher_cache` (or `dvc pull` it from the remote)"
@@ -131,7 +174,12 @@ def open_store(
     manifest = manifest.with_completed(done)
     if not manifest.complete and not allow_incomplete:
         raise StoreIncomplete(str(root), len(done), manifest.n_shards)
-    return TeacherStore(root, manifest)
+    store = TeacherStore(root, manifest)
+    if check_files or verify:
+        bad = store.verify(checksum=verify)
+        if bad:
+            raise StoreDamaged.of_shards(str(root), bad)
+    return store
 
 
 def format_info(info: Mapping[str, Any]) -> str:
@@ -142,7 +190,9 @@ def format_info(info: Mapping[str, Any]) -> str:
         f"teacher cache  {info['path']}",
         f"format         v{m['format_version']} (written by distillpipe {m['code_version']})",
         f"teacher        {t['name']}  weights {t['weights_sha256'][:12]}…  tokenizer {t['tokenizer_sha256'][:12]}…",
-        f"tokens         {m['tokens_fingerprint']}",
+        f"tokens         {m['tokens_fingerprint'][:12]}… (split {m['split']})",
+        f"computed       {', '.join(f'{k} {v}' for k, v in m['compute'].items())}",
+        f"code           {len(m['code'])} files, digest {_digest(m['code'])[:12]}…",
         f"signals        task={s['task']} pool={s['pool']} L={s['max_seq_len']} hidden={s['hidden_layers']} "
         f"attn_scores={s['attn_layers']} attn_probs={s['attn_probs_layers']} mlm_topk={s['mlm_topk']} "
         f"embeddings={s['embedding_size']}",
@@ -159,6 +209,10 @@ def format_info(info: Mapping[str, Any]) -> str:
             f"{_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} {_ratio(a['compression_ratio']):>7}"
         )
     return "\n".join(lines)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def _size(path: Path) -> int:

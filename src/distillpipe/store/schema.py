@@ -5,7 +5,7 @@ hidden states, pooled attention scores, optional attention probabilities and emb
 sizes that fix their shapes. :func:`array_layout` turns a spec, the row count ``N`` and the shard
 size into the exact list of Zarr arrays (name, shape, inner chunks, shards, dtype, fill value).
 
-Layout rules (format version 1):
+Layout rules (format version 2; codecs: Blosc zstd, then a crc32c per inner chunk):
 
 * Every array is sharded along rows only: one Zarr shard = ``shard_rows`` rows = one work shard,
   i.e. one file per array per shard. Non-row axes are never split.

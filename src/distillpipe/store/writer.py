@@ -4,7 +4,7 @@ Division of labour (so shards can be fanned out over processes or dask workers):
 
 * the **driver** calls :func:`create_or_resume` once, before any shard is written: it creates the
   store, or resumes it (keeps verified shards, removes ``*.partial`` leftovers, un-marks damaged
-  shards), or rebuilds it when the params or inputs changed. It alone writes the manifest.
+  shards), or rebuilds it when the params, inputs or code changed. It alone writes the manifest.
 * a **shard writer** (the driver itself or any worker process) calls the self-contained
   :func:`write_shard` ``(store_path, shard_index, arrays)``: it writes that shard's file of every
   array and then its completion marker (:mod:`distillpipe.store.shards`). Writers of different
@@ -12,6 +12,14 @@ Division of labour (so shards can be fanned out over processes or dask workers):
   must never run at once (Zarr would interleave their bytes).
 * the driver folds markers into ``completed_shards`` (:meth:`StoreWriter.record` /
   :meth:`StoreWriter.refresh`) and finally calls :meth:`StoreWriter.finalize`.
+
+One writer per store: :func:`create_or_resume` takes the store's lock (:mod:`distillpipe.store.lock`)
+before it reads, deletes or creates anything, and the :class:`StoreWriter` holds it until
+:meth:`~StoreWriter.finalize` or :meth:`~StoreWriter.close` (or until the process ends): a second
+driver on the same store is refused with the owner named.
+
+Every inner chunk ends with its crc32c (``Crc32cCodec`` after Blosc), so a chunk whose bytes changed on
+disk fails when it is read instead of decoding into wrong numbers.
 
 A shard is written whole from memory (all its rows of all arrays are passed at once) and Zarr
 encodes each shard file in one piece, so the bytes of a shard depend only on its data: a run that
@@ -30,9 +38,10 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 
-from distillpipe.store.manifest import Manifest, StoreIncomplete, diff_manifests
+from distillpipe.store.lock import StoreLock
+from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete, diff_manifests
 from distillpipe.store.schema import ArraySpec, array_layout
 from distillpipe.store.shards import (
     build_marker,
@@ -46,7 +55,6 @@ from distillpipe.store.shards import (
 
 log = logging.getLogger(__name__)
 
-MANIFEST_KEY = "manifest"
 CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
 # level 1: same ratio on fp16 activations as 3, 30% less CPU
 BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "zstd", 1, "shuffle"
@@ -83,9 +91,10 @@ class StoreWriter:
     Not thread-safe: call ``record``/``refresh``/``finalize`` from one thread (shard writes
     themselves may run anywhere, see :func:`write_shard`)."""
 
-    def __init__(self, root: Path, manifest: Manifest):
+    def __init__(self, root: Path, manifest: Manifest, lock: StoreLock):
         self.root = root
         self.manifest = manifest
+        self.lock = lock
         self.layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
         self._group = zarr.open_group(str(root), mode="r+")
         self._opened = time.perf_counter()
@@ -143,7 +152,18 @@ class StoreWriter:
             seconds=time.perf_counter() - self._opened,
         )  # fmt: skip
         log.info("teacher cache %s complete: %s", self.root, summary)
+        self.close()
         return summary
+
+    def close(self) -> None:
+        """Release the store's lock (finalize does; call it when a build stops early)."""
+        self.lock.release()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _save(self, manifest: Manifest) -> None:
         self._group.attrs[MANIFEST_KEY] = manifest.to_dict()
@@ -161,18 +181,27 @@ def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = T
     * a store built from other params or inputs: log a WARNING naming the differing fields and
       rebuild it from empty.
 
-    Must not run while shard writers are active (it deletes their temp files). ``manifest``'s own
-    ``completed_shards`` is ignored; progress comes from the markers on disk.
+    Takes the store's lock first (:class:`~distillpipe.store.lock.StoreLocked` when another process
+    holds it); the returned writer holds it. ``manifest``'s own ``completed_shards`` is ignored;
+    progress comes from the markers on disk.
     """
     root = Path(path)
-    manifest = manifest.with_completed(())
+    lock = StoreLock(root).acquire()
+    try:
+        return _open_for_writing(root, manifest.with_completed(()), lock, checksum=checksum)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _open_for_writing(root: Path, manifest: Manifest, lock: StoreLock, *, checksum: bool) -> StoreWriter:
     old = _existing_manifest(root)
     if old is not None:
         differences = diff_manifests(manifest.to_dict(), old.to_dict(), subset=False)
         differences_text = "; ".join(str(d) for d in differences) or _layout_differences(root, manifest)
         if differences_text:
             log.warning(
-                "params or inputs changed: rebuilding the teacher cache %s (%s)", root, differences_text
+                "params, inputs or code changed: rebuilding the teacher cache %s (%s)", root, differences_text
             )
             old = None
     if old is None:
@@ -180,8 +209,8 @@ def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = T
             shutil.rmtree(root)
         _create(root, manifest)
         log.info("created teacher cache %s: %d rows in %d shards", root, manifest.n_rows, manifest.n_shards)
-        return StoreWriter(root, manifest)
-    return _resume(root, manifest, old, checksum=checksum)
+        return StoreWriter(root, manifest, lock)
+    return _resume(root, manifest, old, lock, checksum=checksum)
 
 
 def write_shard(
@@ -217,6 +246,12 @@ def write_shard(
     write_marker(root, marker)
     log.debug("shard %d (rows %d-%d) written", shard_index, start, stop)
     return marker
+
+
+def store_manifest(store_path: str | Path) -> Manifest:
+    """The manifest of the store at ``store_path`` as it is now, unchecked: for shard writers in other
+    processes while the driver holds the lock (readers use :func:`distillpipe.store.reader.open_store`)."""
+    return Manifest.from_dict(zarr.open_group(str(store_path), mode="r").attrs[MANIFEST_KEY])
 
 
 def _checked_arrays(
@@ -266,7 +301,7 @@ def _create(root: Path, manifest: Manifest) -> None:
             chunks=spec.chunks,
             shards=spec.shards,
             dtype=spec.dtype,
-            compressors=BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE),
+            compressors=(BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE), Crc32cCodec()),
             fill_value=spec.fill_value,
             chunk_key_encoding=CHUNK_KEY_ENCODING,
             dimension_names=spec.dimension_names,
@@ -314,7 +349,7 @@ def _layout_differences(root: Path, manifest: Manifest) -> str:
     return "; ".join(problems)
 
 
-def _resume(root: Path, manifest: Manifest, old: Manifest, *, checksum: bool) -> StoreWriter:
+def _resume(root: Path, manifest: Manifest, old: Manifest, lock: StoreLock, *, checksum: bool) -> StoreWriter:
     removed = remove_partials(root)
     if removed:
         log.info("teacher cache %s: removed %d stray *.partial file(s) of interrupted writes", root, len(removed))
@@ -327,7 +362,7 @@ def _resume(root: Path, manifest: Manifest, old: Manifest, *, checksum: bool) ->
     lost = sorted(set(old.completed_shards) - set(good) - set(bad))
     if lost:
         log.warning("teacher cache %s: shards %s were recorded complete but lack a marker; recomputing", root, lost)
-    writer = StoreWriter(root, manifest.with_completed(good))
+    writer = StoreWriter(root, manifest.with_completed(good), lock)
     writer._save(writer.manifest)
     log.info(
         "resuming teacher cache %s: %d of %d shards complete, %d to write",

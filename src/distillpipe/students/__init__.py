@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from distillpipe.config import CMOWHybridConfig, HeadConfig, WaLDORfConfig, build
+from distillpipe.config.base import build
+from distillpipe.config.students import CMOWHybridConfig, HeadConfig, WaLDORfConfig
 from distillpipe.students.base import StudentOutput, TaskSpec
 from distillpipe.students.cmow_hybrid import CMOWHybrid
 from distillpipe.students.waldorf import WaLDORf

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from distillpipe.config import HeadConfig
+from distillpipe.config.students import HeadConfig
 
 TaskKind = Literal["mlm", "classification", "qa"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from distillpipe.config import CMOWHybridConfig
+from distillpipe.config.students import CMOWHybridConfig
 from distillpipe.students.base import StudentOutput, TaskSpec
 from distillpipe.students.heads import build_head
 from distillpipe.students.scan import prefix_products, suffix_products, tree_product

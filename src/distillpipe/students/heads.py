@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from distillpipe.config import HeadConfig
+from distillpipe.config.students import HeadConfig
 
 
 def diffcat(h_a: torch.Tensor, h_b: torch.Tensor) -> torch.Tensor:

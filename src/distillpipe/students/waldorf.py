@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distillpipe.config import WaLDORfConfig
+from distillpipe.config.students import WaLDORfConfig
 from distillpipe.students.base import StudentOutput, TaskSpec
 from distillpipe.students.heads import build_head
 

@@ -1,13 +1,14 @@
-"""The ``teacher_cache`` stage: run the teacher once over a tokens split and store its signals.
+"""The ``teacher_cache`` stage's driver: run the teacher once over a tokens split and store its signals.
 
-The unit of work is a shard of ``shard_rows`` consecutive rows. :func:`compute_shard` is a
-self-contained function of (teacher, tokens, row range): it buckets the shard's rows by length,
-captures the requested signals batch by batch (pooled on the device) and returns the shard's
-arrays in dataset order, padded to the store's fixed shapes. The driver here runs the pending
-shards in order and hands each to a writer thread, so encoding and disk I/O of shard i overlap
-the teacher's compute of shard i+1. Fanning shards out over processes or dask workers is the same
-two calls per shard (``compute_shard`` + ``store.write_shard(store_path, i, arrays)``), with the
-driver folding completion markers into the manifest (``StoreWriter.refresh``).
+The unit of work is a shard of ``shard_rows`` consecutive rows, computed by
+:func:`distillpipe.teacher.shard.compute_shard` and written by
+:func:`distillpipe.store.writer.write_shard`. The driver takes the store's lock (one writer per
+store), creates or resumes the store against a manifest that names everything that decides its
+bytes (teacher weights and tokenizer, tokens content, split, signals, compute precision and batch
+size, and the producing code), runs the pending shards in order and hands each to a writer thread,
+so encoding and disk I/O of shard i overlap the teacher's compute of shard i+1. Fanning shards out
+over processes or dask workers is the same two calls per shard, with the driver folding completion
+markers into the manifest (``StoreWriter.refresh``).
 """
 
 from __future__ import annotations
@@ -18,42 +19,47 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
-from distillpipe.config import TeacherCacheDatasetConfig
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.data.schema import read_meta
-from distillpipe.store import Manifest, SignalSpec, StoreSummary, TeacherInfo, create_or_resume
-from distillpipe.teacher.batching import collate, length_buckets
-from distillpipe.teacher.capture import CaptureRequest, capture_batch, signal_names, teacher_head, to_host
+from distillpipe.errors import UserError
+from distillpipe.identity import code_digests
+from distillpipe.runtime import resolve_device
+from distillpipe.store.manifest import Manifest, TeacherInfo
+from distillpipe.store.schema import SignalSpec
+from distillpipe.store.writer import StoreSummary, create_or_resume
+from distillpipe.teacher.capture import CaptureRequest, signal_names, teacher_head
 from distillpipe.teacher.load import load_teacher
+from distillpipe.teacher.shard import compute_shard
 
 log = logging.getLogger(__name__)
 
-# Token columns the teacher needs, per kind of tokens (MLM rows also carry their masked positions).
-_INPUT_COLUMNS = ["input_ids", "token_type_ids", "length"]
+PRODUCER_MODULES = ("distillpipe.teacher.shard", "distillpipe.store.writer")
+"""Computing a shard and encoding it: their import closure decides the bytes. How the teacher was loaded
+is recorded by its effect (:func:`compute_settings`), and the driver (this module: which shards, threads,
+progress) is left out: it cannot change a stored byte, and at scale a rebuild costs GPU hours."""
 
 
-class TeacherCacheError(ValueError):
+class TeacherCacheError(UserError, ValueError):
     """The teacher, the tokens and the requested signals do not fit together."""
 
 
-@dataclass
-class CacheSummary:
-    name: str
-    store: StoreSummary
-    computed_rows: int
-    seconds: float
+def producer_code() -> dict[str, str]:
+    """{source file: sha256} of the code that decides a store's bytes (the manifest's ``code``)."""
+    return code_digests(PRODUCER_MODULES)
 
-    def one_line(self) -> str:
-        s = self.store
-        rate = self.computed_rows / self.seconds if self.seconds > 0 else 0.0
-        return (f"teacher_cache {self.name}: {s.rows:,} rows in {s.shards} shards, "
-                f"{s.bytes_on_disk / 2**20:.1f} MiB on "
-                f"disk ({s.bytes_on_disk / max(s.rows, 1) / 1024:.1f} KiB/row); computed {self.computed_rows:,} rows "
-                f"in {self.seconds:.1f} s ({rate:.0f} rows/s)")
+
+def compute_settings(model: torch.nn.Module, batch_size: int) -> dict[str, object]:
+    """How the values are computed (the manifest's ``compute``): the precision (bf16 autocast on CUDA, fp32 on
+    CPU: :func:`distillpipe.runtime.autocast`), the attention kernel and weight dtype the teacher was loaded
+    with, and the batch size (padding and kernel choice follow it)."""
+    param = next(model.parameters())
+    return {"precision": "bf16-autocast" if param.device.type == "cuda" else "fp32",
+            "attn_implementation": str(model.config._attn_implementation), "weights_dtype": str(param.dtype),
+            "batch_size": int(batch_size)}
 
 
 def signal_spec(cfg: TeacherCacheDatasetConfig, model: torch.nn.Module, tokens_meta: dict, rows) -> SignalSpec:
@@ -81,27 +87,20 @@ def signal_spec(cfg: TeacherCacheDatasetConfig, model: torch.nn.Module, tokens_m
     )
 
 
-def compute_shard(model: torch.nn.Module, rows, start: int, stop: int, spec: SignalSpec, batch_size: int,
-                  pad_id: int) -> dict[str, np.ndarray]:
-    """The teacher signals of rows [start, stop) of ``rows`` (a tokens ``Dataset``), in row order.
+@dataclass
+class CacheSummary:
+    name: str
+    store: StoreSummary
+    computed_rows: int
+    seconds: float
 
-    Rows are length-bucketed into batches (little padding), captured, copied to host and put back
-    in dataset order; sequence axes are padded to the store's shapes with the fill values.
-    """
-    request = CaptureRequest.from_signal_spec(spec)
-    cols = [c for c in _INPUT_COLUMNS + ["masked_positions"] if c in rows.column_names]
-    shard = rows.select(range(start, stop)).select_columns(cols)
-    n = stop - start
-    out: dict[str, np.ndarray] = {"row_index": np.arange(start, stop, dtype=np.int64)}
-    for idx in length_buckets(shard["length"], batch_size):
-        batch = collate(shard[idx], pad_id)
-        signals = to_host(capture_batch(model, batch, request, seq_len=spec.max_seq_len,
-                                        max_masked=spec.mlm_max_masked or None))
-        for name, a in signals.items():
-            if name not in out:
-                out[name] = np.empty((n, *a.shape[1:]), dtype=a.dtype)
-            out[name][idx] = a
-    return out
+    def one_line(self) -> str:
+        s = self.store
+        rate = self.computed_rows / self.seconds if self.seconds > 0 else 0.0
+        return (f"teacher_cache {self.name}: {s.rows:,} rows in {s.shards} shards, "
+                f"{s.bytes_on_disk / 2**20:.1f} MiB on "
+                f"disk ({s.bytes_on_disk / max(s.rows, 1) / 1024:.1f} KiB/row); computed {self.computed_rows:,} rows "
+                f"in {self.seconds:.1f} s ({rate:.0f} rows/s)")
 
 
 def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Path, cfg: TeacherCacheDatasetConfig,
@@ -122,12 +121,14 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
         raise TeacherCacheError(
             f"{tokens_dir} was tokenized with another tokenizer ({meta['tokenizer']['spec']}) than the teacher in "
             f"{teacher_dir} uses; set tokenize.tokenizer to this teacher and re-run tokenize")
-    model, _ = load_teacher(teacher_dir, cfg.head, device)
+    dev = resolve_device(device)
+    model, _ = load_teacher(teacher_dir, cfg.head, dev)
     spec = signal_spec(cfg, model, meta, rows)
     manifest = Manifest(
         teacher=TeacherInfo(name=teacher_dir.name, weights_sha256=weights_sha256(teacher_dir),
                             tokenizer_sha256=tok_sha, config=model.config.to_diff_dict()),
-        tokens_fingerprint=meta["fingerprint"], signals=spec, n_rows=len(rows), shard_rows=shard_rows)
+        tokens_fingerprint=meta["fingerprint"], split=cfg.split, signals=spec,
+        compute=compute_settings(model, batch_size), code=producer_code(), n_rows=len(rows), shard_rows=shard_rows)
     writer = create_or_resume(out, manifest)
     pending = writer.pending_shards()
     n_shards = manifest.n_shards
@@ -142,7 +143,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
     bar = tqdm(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
     written_mb = 0.0
     t_compute = time.time()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as pool:
+    with writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as pool:
         in_flight: Future | None = None
         for i in pending:
             start, stop = manifest.shard_rows_range(i)
@@ -156,9 +157,9 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             bar.set_postfix(MB=f"{written_mb:.0f}")
         if in_flight is not None:
             in_flight.result()
-    bar.close()
-    seconds = time.time() - t_compute
-    summary = writer.finalize()
+        bar.close()
+        seconds = time.time() - t_compute
+        summary = writer.finalize()
     log.debug("teacher_cache %s done in %.1f s", name, time.time() - t0)
     return CacheSummary(name, summary, computed, seconds)
 

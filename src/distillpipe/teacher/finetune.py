@@ -1,7 +1,6 @@
-"""Teacher import and fine-tuning (the ``teacher_import`` and ``teacher_finetune`` stages).
+"""Teacher fine-tuning (the ``teacher_finetune`` stage).
 
-``import_teacher`` saves a teacher (embedded, local or hub) into a DVC-tracked folder, so every
-machine of a team distils from byte-identical weights. ``finetune_teacher`` fine-tunes it on a
+``finetune_teacher`` fine-tunes an imported teacher on a
 tokenized task: classification, regression cast to classification by bins (CMOW paper, after
 Raffel et al.: STS-B in 0.2 bins) and extractive QA (start/end). It resumes from its own
 checkpoints (model, optimizer, scheduler, RNG, position in the epoch) and writes the model in
@@ -24,10 +23,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distillpipe.assets import TOKENIZER_FILES, json_sha256, resolve_model, tokenizer_sha256, weights_sha256
-from distillpipe.config import TeacherFinetuneTaskConfig
+from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
+from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta
+from distillpipe.errors import UserError
+from distillpipe.identity import code_digests, json_sha256
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 
@@ -35,23 +36,8 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.json"
 
 
-class FinetuneError(ValueError):
+class FinetuneError(UserError, ValueError):
     """The task data does not fit the fine-tuning configuration."""
-
-
-def import_teacher(spec: str, out_dir: str | Path) -> str:
-    """Copy the model files of ``spec`` into ``out_dir``; return a one-line summary."""
-    src = resolve_model(spec)
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("__pycache__", ".gitattributes", "*.md"))
-    (tmp / "distillpipe_source.json").write_text(json.dumps({"spec": spec}) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
-    return (f"teacher_import: {spec} -> {out_dir} "
-            f"({size / 2**20:.1f} MiB, weights sha256 {weights_sha256(out_dir)[:12]})")
 
 
 @dataclass
@@ -149,13 +135,16 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     total = steps_per_epoch * cfg.epochs
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_fraction * total), total)
 
-    # Resume only a run of the same task, data and params; anything else starts over, saying so.
+    # Resume only a run of the same task, params, tokens (content), base weights, code and device type; anything
+    # else starts over, saying so.
     run_id = json_sha256({"cfg": dataclasses.asdict(cfg), "tokens": meta["fingerprint"],
-                          "base": weights_sha256(base_dir), "task": task})
+                          "base": weights_sha256(base_dir), "task": task,
+                          "code": code_digests(["distillpipe.teacher.finetune"]), "device": dev_device.type})
     epoch, step_in_epoch, step = 0, 0, 0
     state = load_latest(ckpt_dir)
     if state is not None and state.get("run_id") != run_id:
-        log.warning("checkpoint in %s is from other params or data: starting over", ckpt_dir)
+        log.warning("checkpoint in %s is from other params, data, base weights, code or device: starting over",
+                    ckpt_dir)
         clear_checkpoints(ckpt_dir)
         state = None
     if state is not None:

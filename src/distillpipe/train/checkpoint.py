@@ -53,7 +53,7 @@ def load_latest(folder: str | Path) -> dict[str, Any] | None:
         except Exception as e:  # a damaged file: fall back to the previous one, loudly
             log.warning("checkpoint %s is unreadable (%s); trying an older one", path, e)
             continue
-        log.info("resuming from %s", path)
+        log.info("found checkpoint %s", path)
         return state
     return None
 

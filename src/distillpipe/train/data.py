@@ -31,8 +31,10 @@ import torch
 
 from distillpipe.data.batching import pad_sequences
 from distillpipe.data.schema import read_meta
-from distillpipe.store import SignalSpec, open_store
+from distillpipe.errors import UserError
 from distillpipe.store.loader import BlockLoader
+from distillpipe.store.reader import open_store
+from distillpipe.store.schema import SignalSpec
 from distillpipe.teacher.pooling import n_groups
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 IGNORE = -100  # label value ignored by the cross-entropy losses
 
 
-class TrainDataError(ValueError):
+class TrainDataError(UserError, ValueError):
     """Tokens, teacher cache and run params do not fit together."""
 
 
@@ -66,7 +68,7 @@ class Source:
         tokens_dir, store_path = Path(tokens_dir), Path(store_path)
         meta = read_meta(tokens_dir)
         expected = {"teacher": {"tokenizer_sha256": meta["tokenizer"]["sha256"]},
-                    "tokens_fingerprint": meta["fingerprint"]}
+                    "tokens_fingerprint": meta["fingerprint"], "split": "train"}
         store = open_store(store_path, expected)  # refuses a stale or unfinished cache, naming the field
         missing = [n for n in names if n not in store.layout]
         if missing:

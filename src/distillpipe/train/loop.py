@@ -6,9 +6,12 @@ objective (train/objective.py) turns it and the cached teacher rows into loss te
 
 Resume: atomic checkpoints (model, objective projections, optimizer, RNG states, the block loader's
 position, the evaluation history and the best weights) every ``checkpoint_every`` steps and at each
-evaluation. A restarted run with the same params and inputs continues exactly where the checkpoint
-was taken (same batches, same dropout masks), so N steps straight give the same weights as N/2,
-kill, resume, N/2. Anything else (other params or data) starts over, saying so.
+evaluation. A checkpoint carries the run's identity (:func:`run_identity`): the params, the content
+digests of the tokens, the teacher cache(s) and the init student's weights, the code (the import closure
+of this module) and the device type. A restarted run with the same identity continues exactly where the
+checkpoint was taken (same batches, same dropout masks), so N steps straight give the same weights as
+N/2, kill, resume, N/2; before it does, it verifies the teacher cache's checksums. Any other identity
+starts over, naming what changed.
 
 Outputs: the student (``model.pt`` + ``student.json``; the best-on-dev weights when evaluation is
 on), a metrics JSON and per-step/per-evaluation CSVs for ``dvc plots``.
@@ -30,12 +33,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distillpipe.assets import json_sha256
-from distillpipe.config import FinetuneRunConfig, LoaderConfig, StudentConfig, TrainAugRunConfig, TrainRunConfig
+from distillpipe.config.run import LoaderConfig, RunConfig
+from distillpipe.config.students import StudentConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.student import evaluate_student, primary_metric
+from distillpipe.identity import code_digests, json_sha256, sha256_dir
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
-from distillpipe.store import open_store
+from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student, save_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
@@ -44,8 +48,6 @@ from distillpipe.train.objective import Objective, probe_student, store_names
 from distillpipe.train.schedule import build_schedule
 
 log = logging.getLogger(__name__)
-
-RunConfig = TrainRunConfig | FinetuneRunConfig | TrainAugRunConfig
 
 
 @dataclass
@@ -112,6 +114,34 @@ def param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[di
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+CODE_MODULES = ("distillpipe.train.loop",)
+"""The training code: its import closure (students, losses, objective, schedule, data, evaluation) is part
+of a checkpoint's identity, so a run never continues with code other than the code it started with."""
+
+
+def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: LoaderConfig, tokens_meta: dict,
+                 stores: dict[str, Any], init_dir: str | Path | None, augment: tuple | None,
+                 device: torch.device) -> dict[str, Any]:
+    """Everything that decides a run's weights, as digests: what a checkpoint must match to be resumed."""
+    return {
+        "params": json_sha256({"run": dataclasses.asdict(run), "model": dataclasses.asdict(model_cfg),
+                               "loader": dataclasses.asdict(loader_cfg)}),
+        "tokens": tokens_meta["fingerprint"],
+        "teacher cache": {k: s.content_sha256() for k, s in stores.items()},
+        "augment tokens": read_meta(augment[1])["fingerprint"] if augment else None,
+        "init weights": sha256_dir(init_dir) if init_dir is not None else None,
+        "code": json_sha256(code_digests(CODE_MODULES)),
+        "device": device.type,
+    }
+
+
+def identity_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Names of the identity fields that differ (all of them for a checkpoint without an identity)."""
+    if not isinstance(old, dict):
+        return ["identity (a checkpoint of an older version)"]
+    return [k for k in new if old.get(k) != new[k]]
+
+
 def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
                   tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None,
                   out_dir: str | Path, ckpt_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
@@ -125,7 +155,8 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     tokens_dir, out_dir, ckpt_dir = Path(tokens_dir), Path(out_dir), Path(ckpt_dir)
     meta = read_meta(tokens_dir)
     dev_device = resolve_device(device)
-    signals = open_store(store_path, {"tokens_fingerprint": meta["fingerprint"]}).manifest.signals
+    stores = {"dataset": open_store(store_path, {"tokens_fingerprint": meta["fingerprint"], "split": "train"})}
+    signals = stores["dataset"].manifest.signals
     task = task_spec(meta, run, signals)
     pairs = run.encoding == "diffcat"
     opt = run.optim
@@ -148,6 +179,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
             raise TrainDataError(f"augment {aug_name} must have the kind and cached signals of {meta['name']} "
                                  f"({extra.info.kind} vs {source.info.kind}; compare their teacher_cache signals)")
         sources.append(extra)
+        stores["augment"] = extra.loader.dataset.store()
     data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]
     probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True, pairs=pairs,
@@ -178,22 +210,24 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
                                 batch_size=2 * opt.batch_size, pairs=pairs, dataset_meta=meta,
                                 prepared_dir=prepared_dir, split="dev")
 
-    # Resume only the same run on the same inputs; anything else starts over, saying so.
-    run_id = json_sha256({"run": dataclasses.asdict(run), "model": dataclasses.asdict(model_cfg),
-                          "tokens": meta["fingerprint"], "store": open_store(store_path).manifest.to_dict(),
-                          "loader": dataclasses.asdict(loader_cfg), "init": str(init_dir),
-                          "augment": [str(a) for a in augment] if augment else None})
+    # Resume only the same run on the same inputs and code; anything else starts over, naming what changed.
+    identity = run_identity(run=run, model_cfg=model_cfg, loader_cfg=loader_cfg, tokens_meta=meta, stores=stores,
+                            init_dir=init_dir, augment=augment, device=dev_device)
     step, best_step, bad_evals, stopped_early = 0, 0, 0, False
     best: dict[str, float] | None = None
     best_state: dict[str, torch.Tensor] | None = None
     steps_log: list[dict[str, Any]] = []
     dev_log: list[dict[str, Any]] = []
     state = load_latest(ckpt_dir)
-    if state is not None and state.get("run_id") != run_id:
-        log.warning("checkpoint in %s is from other params or data: starting over", ckpt_dir)
-        clear_checkpoints(ckpt_dir)
-        state = None
     if state is not None:
+        changed = identity_changes(state.get("identity"), identity)
+        if changed:
+            log.warning("checkpoint in %s was made with other %s: starting over", ckpt_dir, ", ".join(changed))
+            clear_checkpoints(ckpt_dir)
+            state = None
+    if state is not None:
+        for store in stores.values():  # every byte the resumed run reads must be what the first part read
+            open_store(store.root, verify=True)
         model.load_state_dict(state["model"])
         objective.load_state_dict(state["objective"])
         optimizer.load_state_dict(state["optimizer"])
@@ -205,7 +239,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
 
     def checkpoint() -> None:
         save_checkpoint(ckpt_dir, step, {
-            "run_id": run_id, "model": model.state_dict(), "objective": objective.state_dict(),
+            "identity": identity, "model": model.state_dict(), "objective": objective.state_dict(),
             "optimizer": optimizer.state_dict(), "loader": data.state_dict(), "rng": rng_state(),
             "step": step, "best_step": best_step, "bad_evals": bad_evals, "best": best, "best_state": best_state,
             "steps_log": steps_log, "dev_log": dev_log})

@@ -18,15 +18,16 @@ import torch
 from torch import nn
 
 from distillpipe import losses
-from distillpipe.config import ObjectiveConfig
-from distillpipe.store import SignalSpec
+from distillpipe.config.run import ObjectiveConfig
+from distillpipe.errors import UserError
+from distillpipe.store.schema import SignalSpec
 from distillpipe.students.base import StudentOutput
 from distillpipe.teacher.pooling import pooled_mask
 
 from .data import IGNORE
 
 
-class ObjectiveError(ValueError):
+class ObjectiveError(UserError, ValueError):
     """The run's loss terms ask for something the student or the teacher cache does not provide."""
 
 

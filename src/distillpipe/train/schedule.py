@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 
-from distillpipe.config import AllAtOnceConfig, ConfigError, ScheduleConfig, SlowBuildConfig
+from distillpipe.config.base import ConfigError
+from distillpipe.config.run import AllAtOnceConfig, ScheduleConfig, SlowBuildConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,14 @@
 """Where prepared datasets come from: embedded assets (gensim's test data), local files (GLUE
 TSV, SQuAD JSON, text/JSONL corpora) and the Hugging Face hub. Each builder turns one
-``prepare.datasets.<name>`` config into a :class:`Prepared` (splits in the schema of
+``prepare.datasets.<name>`` / ``prepare.local.<name>`` config into a :class:`Prepared` (splits in the schema of
 ``distillpipe.data.schema`` plus what ``meta.json`` says about them)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-from distillpipe.config import (
+from distillpipe.config.prepare import (
+    AnyDatasetConfig,
     EmbeddedPolarityConfig,
     EmbeddedWikiConfig,
     EmbeddedWikiPairsConfig,
@@ -16,7 +17,6 @@ from distillpipe.config import (
     LocalGlueConfig,
     LocalSquadConfig,
     LocalTextConfig,
-    PrepareDatasetConfig,
 )
 from distillpipe.data.sources.base import Prepared, PrepareError, Skips
 from distillpipe.data.sources.embedded import build_polarity
@@ -27,7 +27,7 @@ from distillpipe.data.sources.text import build_text
 from distillpipe.data.sources.wiki import build_wiki, build_wiki_pairs
 from distillpipe.data.sources.wiki_qa import build_wiki_qa
 
-BUILDERS: dict[type, Callable[[str, PrepareDatasetConfig], Prepared]] = {
+BUILDERS: dict[type, Callable[[str, AnyDatasetConfig], Prepared]] = {
     EmbeddedWikiConfig: build_wiki,
     EmbeddedPolarityConfig: build_polarity,
     EmbeddedWikiPairsConfig: build_wiki_pairs,
@@ -39,7 +39,7 @@ BUILDERS: dict[type, Callable[[str, PrepareDatasetConfig], Prepared]] = {
 }
 
 
-def build_source(name: str, cfg: PrepareDatasetConfig) -> Prepared:
+def build_source(name: str, cfg: AnyDatasetConfig) -> Prepared:
     """Build the splits of dataset ``name`` from its config (dispatch on the config type)."""
     builder = BUILDERS.get(type(cfg))
     if builder is None:

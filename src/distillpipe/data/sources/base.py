@@ -12,14 +12,15 @@ from typing import Any, Iterator, Sequence, TypeVar
 
 from datasets import Dataset, Features, List, Value
 
-from distillpipe.config import SplitFractions
+from distillpipe.config.prepare import SplitFractions
+from distillpipe.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError, ValueError):
     """An input of the ``prepare`` stage is missing or malformed; the message says where and how to fix it."""
 
 
@@ -204,7 +205,7 @@ def input_path(path: str | Path, key: str) -> Path:
         what = "is a directory, not a file" if p.is_dir() else "does not exist"
         raise PrepareError(
             f"{p} {what} (from params.yaml `{key}`). Put the file there, or change `{key}` to the "
-            "path of the file (relative to the repository root)."
+            "file's name in the dataset's `path` folder."
         )
     return p
 

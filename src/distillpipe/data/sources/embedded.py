@@ -8,7 +8,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from distillpipe.config import EmbeddedPolarityConfig
+from distillpipe.config.prepare import EmbeddedPolarityConfig
 from distillpipe.data.sources.base import (
     Prepared,
     PrepareError,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from distillpipe.config import LocalGlueConfig
+from distillpipe.config.prepare import LocalGlueConfig
 from distillpipe.data.sources.base import (
     UNLABELED,
     Prepared,
@@ -141,7 +141,7 @@ def _label(raw: str, task: GlueTask) -> int | float | None:
 
 
 def build_glue(name: str, cfg: LocalGlueConfig) -> Prepared:
-    key = f"prepare.datasets.{name}"
+    key = f"prepare.local.{name}"
     task = TASKS[cfg.task]
     if not cfg.files:
         raise PrepareError(f"{key}.files is empty; give at least `train: path/to/train.tsv`")
@@ -150,7 +150,7 @@ def build_glue(name: str, cfg: LocalGlueConfig) -> Prepared:
     task_type = "regression" if task.label_names is None else "classification"
     splits = {}
     for split, file in cfg.files.items():
-        path = input_path(file, f"{key}.files.{split}")
+        path = input_path(Path(cfg.path) / file, f"{key}.files.{split}")
         rows = _read_split(path, split, task, cfg, key, skips)
         if not rows:
             raise PrepareError(f"{path}: no usable rows (skipped: {skips.as_dict()}); check `{key}.files.{split}`")

@@ -9,7 +9,7 @@ import logging
 from datasets import Dataset
 
 from distillpipe.assets import hub_offline_reason
-from distillpipe.config import HubConfig
+from distillpipe.config.prepare import HubConfig
 from distillpipe.data.sources.base import FEATURES, Prepared, PrepareError, Skips, features_for
 from distillpipe.data.sources.glue import TASKS as GLUE_TASKS
 
@@ -47,20 +47,19 @@ def resolve(cfg: HubConfig) -> tuple[str, str, str | None]:
 def _offline_snippet(name: str, kind: str) -> str:
     if kind.startswith("glue:"):
         task = kind.split(":", 1)[1]
-        folder = f"data/glue/{GLUE_DIRS[task]}"
         devs = ["dev_matched", "dev_mismatched"] if task == "mnli" else ["dev"]
-        files = ", ".join(f"{s}: {folder}/{s}.tsv" for s in ["train", *devs])
-        fmt = (f"      format: glue\n      task: {task}\n      files: {{{files}}}\n"
-               "      encoding: utf-8\n      on_bad_rows: error")
+        files = ", ".join(f"{s}: {s}.tsv" for s in ["train", *devs])
+        fmt = (f"      format: glue\n      task: {task}\n      path: data/raw/{GLUE_DIRS[task]}\n"
+               f"      files: {{{files}}}\n      encoding: utf-8\n      on_bad_rows: error")
     elif kind == "squad":
-        fmt = ("      format: squad\n"
-               "      files: {train: data/squad/train-v2.0.json, dev: data/squad/dev-v2.0.json}\n"
+        fmt = ("      format: squad\n      path: data/raw/squad\n"
+               "      files: {train: train-v2.0.json, dev: dev-v2.0.json}\n"
                "      encoding: utf-8")
     else:
         fmt = ("      format: jsonl              # or text: documents separated by blank lines\n"
-               "      files: {train: data/corpus/train.jsonl, dev: data/corpus/dev.jsonl}\n"
+               "      path: data/raw/corpus\n      files: {train: train.jsonl, dev: dev.jsonl}\n"
                "      text_field: text\n      encoding: utf-8\n      on_bad_rows: error")
-    return f"prepare:\n  datasets:\n    {name}:\n      source: local\n{fmt}"
+    return f"prepare:\n  local:\n    {name}:\n{fmt}"
 
 
 def map_hub_split(kind: str, ds: Dataset, cfg: HubConfig, skips: Skips) -> Dataset:
@@ -110,8 +109,8 @@ def build_hub(name: str, cfg: HubConfig) -> Prepared:
     if reason is not None:
         raise PrepareError(
             f"{key}: the Hugging Face hub is unreachable ({reason}), so {cfg.name!r} cannot be downloaded. "
-            "Download the data on a connected machine, copy the files here and read them with "
-            f"`source: local` in params.yaml instead, e.g.\n{_offline_snippet(name, kind)}"
+            "Download the data on a connected machine, copy the files into a folder here and read them from "
+            f"`prepare.local` in params.yaml instead (move the entry there), e.g.\n{_offline_snippet(name, kind)}"
         )
     from datasets import load_dataset
 

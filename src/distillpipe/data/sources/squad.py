@@ -11,7 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from distillpipe.config import LocalSquadConfig
+from distillpipe.config.prepare import LocalSquadConfig
 from distillpipe.data.sources.base import Prepared, PrepareError, Skips, input_path, read_text, rows_to_dataset
 
 logger = logging.getLogger(__name__)
@@ -62,12 +62,12 @@ def _row(qa: dict, title: str, context: str, where: str) -> dict:
 
 
 def build_squad(name: str, cfg: LocalSquadConfig) -> Prepared:
-    key = f"prepare.datasets.{name}"
+    key = f"prepare.local.{name}"
     if not cfg.files:
         raise PrepareError(f"{key}.files is empty; give at least `train: path/to/train-v2.0.json`")
     splits = {}
     for split, file in cfg.files.items():
-        path: Path = input_path(file, f"{key}.files.{split}")
+        path: Path = input_path(Path(cfg.path) / file, f"{key}.files.{split}")
         text = read_text(path, cfg.encoding, f"{key}.encoding")
         try:
             doc = json.loads(text)

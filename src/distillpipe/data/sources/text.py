@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from distillpipe.config import LocalTextConfig
+from distillpipe.config.prepare import LocalTextConfig
 from distillpipe.data.sources.base import (
     Prepared,
     PrepareError,
@@ -69,13 +69,13 @@ def _jsonl_documents(path: Path, text: str, cfg: LocalTextConfig, key: str, skip
 
 
 def build_text(name: str, cfg: LocalTextConfig) -> Prepared:
-    key = f"prepare.datasets.{name}"
+    key = f"prepare.local.{name}"
     if not cfg.files:
         raise PrepareError(f"{key}.files is empty; give at least `train: path/to/train.txt`")
     skips = Skips()
     splits = {}
     for split, file in cfg.files.items():
-        path = input_path(file, f"{key}.files.{split}")
+        path = input_path(Path(cfg.path) / file, f"{key}.files.{split}")
         text = read_text(path, cfg.encoding, f"{key}.encoding")
         if cfg.format == "text":
             rows = _text_documents(path, text)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from distillpipe.config import EmbeddedWikiConfig, EmbeddedWikiPairsConfig
+from distillpipe.config.prepare import EmbeddedWikiConfig, EmbeddedWikiPairsConfig
 from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset, split_units
 from distillpipe.data.sources.embedded import gensim_test_file
 

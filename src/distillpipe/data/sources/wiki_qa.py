@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from distillpipe.config import EmbeddedWikiQAConfig
+from distillpipe.config.prepare import EmbeddedWikiQAConfig
 from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset
 from distillpipe.data.sources.wiki import Article, rows_by_article_split
 

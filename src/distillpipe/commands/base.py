@@ -1,0 +1,86 @@
+"""What every command shares: logging set-up, turning user errors into exit status 2, option types.
+
+This is the only place that turns exceptions into exit codes: a :class:`~distillpipe.errors.UserError`
+(bad params, bad input files, a stale or damaged cache, a locked store) or a missing file prints one
+message and exits 2; set ``DISTILLPIPE_DEBUG=1`` to see the traceback. Anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distillpipe.config.base import ConfigError
+from distillpipe.data.schema import read_meta
+from distillpipe.errors import UserError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read the stage's section from")]
+DatasetOpt = Annotated[str, typer.Option("--dataset", help="dataset name (a key of the stage's `datasets`)")]
+RunOpt = Annotated[str, typer.Option("--run", help="run name (a key of the section's `runs`)")]
+TokensOpt = Annotated[Path, typer.Option("--tokens", help="tokens folder of the run's dataset")]
+CacheOpt = Annotated[Path, typer.Option("--teacher-cache", help="teacher-cache store of the run's dataset")]
+PreparedOpt = Annotated[Path, typer.Option("--prepared", help="prepared dataset folder (QA contexts for dev EM/F1)")]
+StudentOutOpt = Annotated[Path, typer.Option("--out", help="output student folder")]
+CheckpointsOpt = Annotated[Path, typer.Option("--checkpoints", help="checkpoint folder (resume: auto)")]
+TrainMetricsOpt = Annotated[Path, typer.Option("--metrics", help="training metrics JSON to write")]
+PlotsOpt = Annotated[Path, typer.Option("--plots", help="folder for per-step and per-evaluation CSVs (dvc plots)")]
+
+
+def setup_logging() -> None:
+    level = os.environ.get("DISTILLPIPE_LOG", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock", "fsspec"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Run a command; print a user-fixable error as one clear message and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        setup_logging()
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as e:
+            if os.environ.get("DISTILLPIPE_DEBUG"):
+                raise
+            typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def entry_point(command: Callable, name: str) -> Callable[[], None]:
+    """``main()`` of a stage script: run ``command`` alone on ``sys.argv``."""
+
+    def main() -> None:
+        app = typer.Typer(add_completion=False)
+        app.command(name)(command)
+        app(sys.argv[1:], prog_name=f"distillpipe {name}")
+
+    return main
+
+
+def named_entry(section, name: str, params: Path, section_name: str, what: str):
+    """``section.<what>[name]`` or a ConfigError naming the known entries."""
+    entries = getattr(section, what)
+    if name not in entries:
+        raise ConfigError(f"{params}: {section_name}.{what} has no {name!r}; known: {sorted(entries)}")
+    return entries[name]
+
+
+def check_dataset(tokens: Path, dataset: str, where: str) -> None:
+    """Refuse tokens of another dataset than the run names (a wrong path in dvc.yaml or on the command line)."""
+    found = read_meta(tokens).get("name")
+    if found != dataset:
+        raise ConfigError(f"{where}.dataset is {dataset!r} but {tokens} holds {found!r}")

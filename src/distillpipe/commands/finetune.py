@@ -1,0 +1,56 @@
+"""``distillpipe finetune``: the ``finetune`` stage (a trained student's encoder, a fresh task head)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from distillpipe.commands.base import (
+    CacheOpt,
+    CheckpointsOpt,
+    ParamsOpt,
+    PlotsOpt,
+    PreparedOpt,
+    RunOpt,
+    StudentOutOpt,
+    TokensOpt,
+    TrainMetricsOpt,
+    check_dataset,
+    entry_point,
+    named_entry,
+    user_errors,
+)
+from distillpipe.config.base import ConfigError, load_section
+from distillpipe.config.finetune import FinetuneConfig
+from distillpipe.students import load_student
+from distillpipe.train.loop import train_student
+
+
+@user_errors
+def finetune(run: RunOpt,
+             init: Annotated[Path, typer.Option(help="the trained student (a `train` run) to start from")],
+             tokens: TokensOpt,
+             teacher_cache: CacheOpt,
+             prepared: PreparedOpt,
+             out: StudentOutOpt,
+             checkpoints: CheckpointsOpt,
+             metrics: TrainMetricsOpt,
+             plots: PlotsOpt,
+             params: ParamsOpt = Path("params.yaml")) -> None:
+    """Fine-tune a trained student's encoder on a task with a fresh head (task-specific distillation)."""
+    cfg = load_section(params, "finetune", FinetuneConfig)
+    rcfg = named_entry(cfg, run, params, "finetune", "runs")
+    check_dataset(tokens, rcfg.dataset, f"finetune.runs.{run}")
+    _, record = load_student(init, torch.device("cpu"))
+    if record["name"] != rcfg.init:
+        raise ConfigError(f"finetune.runs.{run}.init is {rcfg.init!r} but {init} holds the student {record['name']!r}")
+    summary = train_student(run, model_cfg=record["model"], run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
+                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots, init_dir=init)
+    typer.echo(summary.one_line())
+
+
+main = entry_point(finetune, "finetune")

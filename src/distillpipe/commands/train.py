@@ -1,0 +1,49 @@
+"""``distillpipe train``: the ``train`` stage (students from random initialisation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from distillpipe.commands.base import (
+    CacheOpt,
+    CheckpointsOpt,
+    ParamsOpt,
+    PlotsOpt,
+    PreparedOpt,
+    RunOpt,
+    StudentOutOpt,
+    TokensOpt,
+    TrainMetricsOpt,
+    check_dataset,
+    entry_point,
+    named_entry,
+    user_errors,
+)
+from distillpipe.config.base import load_section
+from distillpipe.config.train import TrainConfig
+from distillpipe.train.loop import train_student
+
+
+@user_errors
+def train(run: RunOpt,
+          tokens: TokensOpt,
+          teacher_cache: CacheOpt,
+          prepared: PreparedOpt,
+          out: StudentOutOpt,
+          checkpoints: CheckpointsOpt,
+          metrics: TrainMetricsOpt,
+          plots: PlotsOpt,
+          params: ParamsOpt = Path("params.yaml")) -> None:
+    """Train a student from random initialisation against a teacher cache (general or task distillation)."""
+    cfg = load_section(params, "train", TrainConfig)
+    rcfg = named_entry(cfg, run, params, "train", "runs")
+    check_dataset(tokens, rcfg.dataset, f"train.runs.{run}")
+    summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
+                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots)
+    typer.echo(summary.one_line())
+
+
+main = entry_point(train, "train")

@@ -1,0 +1,54 @@
+"""``distillpipe train-aug``: the ``train_aug`` stage (a dataset plus augmented, unlabeled rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distillpipe.commands.base import (
+    CacheOpt,
+    CheckpointsOpt,
+    ParamsOpt,
+    PlotsOpt,
+    PreparedOpt,
+    RunOpt,
+    StudentOutOpt,
+    TokensOpt,
+    TrainMetricsOpt,
+    check_dataset,
+    entry_point,
+    named_entry,
+    user_errors,
+)
+from distillpipe.config.base import load_section
+from distillpipe.config.train_aug import TrainAugConfig
+from distillpipe.train.loop import train_student
+
+
+@user_errors
+def train_aug(run: RunOpt,
+              tokens: TokensOpt,
+              teacher_cache: CacheOpt,
+              augment_tokens: Annotated[Path, typer.Option(help="tokens folder of the augmented (unlabeled) rows")],
+              augment_cache: Annotated[Path, typer.Option(help="teacher-cache store of the augmented rows")],
+              prepared: PreparedOpt,
+              out: StudentOutOpt,
+              checkpoints: CheckpointsOpt,
+              metrics: TrainMetricsOpt,
+              plots: PlotsOpt,
+              params: ParamsOpt = Path("params.yaml")) -> None:
+    """Train a student from random initialisation on a dataset plus augmented unlabeled rows (teacher losses)."""
+    cfg = load_section(params, "train_aug", TrainAugConfig)
+    rcfg = named_entry(cfg, run, params, "train_aug", "runs")
+    check_dataset(tokens, rcfg.dataset, f"train_aug.runs.{run}")
+    check_dataset(augment_tokens, rcfg.augment, f"train_aug.runs.{run}.augment: the")
+    summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
+                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            augment=(rcfg.augment, augment_tokens, augment_cache))
+    typer.echo(summary.one_line())
+
+
+main = entry_point(train_aug, "train-aug")

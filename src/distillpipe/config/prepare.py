@@ -1,0 +1,196 @@
+"""The ``prepare`` section: where each dataset comes from (embedded assets, the hub, your files)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Literal, Union
+
+from distillpipe.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class SplitFractions:
+    dev: float
+    """Fraction of the unit of splitting (article, sentence) that goes to ``dev``."""
+    test: float
+    """Fraction that goes to ``test``; the rest is ``train``."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.dev < 1 and 0 <= self.test < 1 and self.dev + self.test < 1):
+            raise ConfigError(f"split fractions dev={self.dev}, test={self.test} must be >= 0 and sum to < 1")
+
+
+@dataclass(frozen=True)
+class EmbeddedWikiConfig:
+    """gensim's bundled English Wikipedia sample as an MLM corpus, split by article."""
+
+    source: Literal["embedded"]
+    asset: Literal["wiki"]
+    min_paragraph_chars: int
+    """Paragraphs shorter than this (after markup removal) are dropped and counted."""
+    splits: SplitFractions
+    seed: int
+
+
+@dataclass(frozen=True)
+class EmbeddedPolarityConfig:
+    """gensim's 200 Pang & Lee polarity sentences (fastText ``__label__`` format)."""
+
+    source: Literal["embedded"]
+    asset: Literal["polarity"]
+    encoding: str
+    """The file is cp1252; another value shows what happens with the wrong one."""
+    splits: SplitFractions
+    seed: int
+
+
+@dataclass(frozen=True)
+class EmbeddedWikiPairsConfig:
+    """Paragraph pairs from the Wikipedia sample: same article or not (balanced), split by article."""
+
+    source: Literal["embedded"]
+    asset: Literal["wiki_pairs"]
+    min_paragraph_chars: int
+    pairs_per_article: int
+    """Positive pairs drawn per article; as many negatives are drawn."""
+    splits: SplitFractions
+    seed: int
+
+
+@dataclass(frozen=True)
+class EmbeddedWikiQAConfig:
+    """SQuAD-v2-format cloze QA built from the Wikipedia sample, split by article."""
+
+    source: Literal["embedded"]
+    asset: Literal["wiki_qa"]
+    min_paragraph_chars: int
+    questions_per_paragraph: int
+    unanswerable_fraction: float
+    """Fraction of questions made unanswerable by pairing them with a paragraph of another article."""
+    splits: SplitFractions
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.unanswerable_fraction < 1:
+            raise ConfigError(f"unanswerable_fraction={self.unanswerable_fraction} must be in [0, 1)")
+
+
+GlueTask = Literal["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+
+
+def _check_local_files(path: str, files: dict[str, str]) -> None:
+    """A local dataset's files are named relative to its folder and lie inside it: the folder is the DVC
+    dependency, so a file outside it would change without DVC noticing."""
+    if not path:
+        raise ConfigError("path must name the folder that holds the dataset's files")
+    if not files:
+        raise ConfigError("files is empty; give at least `train: <file in path>`")
+    for split, name in files.items():
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        if not parts or name.startswith(("/", "~")) or ".." in parts:
+            raise ConfigError(f"files.{split}={name!r} must be a file name relative to path ({path}), inside it: "
+                              "the folder is what DVC watches for changes")
+
+
+@dataclass(frozen=True)
+class LocalGlueConfig:
+    """A GLUE task from its original TSV files."""
+
+    format: Literal["glue"]
+    task: GlueTask
+    path: str
+    """The folder holding the files (``data/raw/SST-2``, or an absolute path): a DVC dependency of
+    ``prepare_local@<name>``, so a change to any file in it re-runs this dataset's chain."""
+    files: dict[str, str]
+    """split name -> TSV file in ``path`` (MNLI: e.g. ``dev_matched``, ``dev_mismatched``)."""
+    encoding: str
+    on_bad_rows: Literal["error", "skip"]
+
+    def __post_init__(self) -> None:
+        _check_local_files(self.path, self.files)
+
+
+@dataclass(frozen=True)
+class LocalSquadConfig:
+    """Extractive QA from SQuAD v1.1 / v2.0 JSON files."""
+
+    format: Literal["squad"]
+    path: str
+    """The folder holding the files: a DVC dependency of ``prepare_local@<name>``."""
+    files: dict[str, str]
+    """split name -> JSON file in ``path``."""
+    encoding: str
+
+    def __post_init__(self) -> None:
+        _check_local_files(self.path, self.files)
+
+
+@dataclass(frozen=True)
+class LocalTextConfig:
+    """A plain-text corpus: documents separated by blank lines, or a JSONL corpus with a text field."""
+
+    format: Literal["text", "jsonl"]
+    path: str
+    """The folder holding the files: a DVC dependency of ``prepare_local@<name>``."""
+    files: dict[str, str]
+    """split name -> file in ``path``."""
+    text_field: str
+    """JSONL only: the key holding the document text (ignored for ``text``)."""
+    encoding: str
+    on_bad_rows: Literal["error", "skip"]
+
+    def __post_init__(self) -> None:
+        _check_local_files(self.path, self.files)
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """A dataset from the Hugging Face hub, e.g. ``glue/sst2``, ``squad_v2``, ``wikimedia/wikipedia``."""
+
+    source: Literal["hub"]
+    name: str
+    """``glue/<task>``, ``squad``/``squad_v2`` or any corpus with a text column."""
+    subset: str | None
+    """Hub configuration name (``20231101.en`` for wikipedia); null when there is none."""
+    splits: dict[str, str]
+    """our split -> hub split (``train: train``, ``dev: validation``)."""
+    text_field: str
+    """Corpora only: the column holding the text."""
+
+
+PrepareDatasetConfig = Union[
+    EmbeddedWikiConfig,
+    EmbeddedPolarityConfig,
+    EmbeddedWikiPairsConfig,
+    EmbeddedWikiQAConfig,
+    HubConfig,
+]
+"""Datasets that come from a Python package or the hub: nothing on this disk for DVC to watch."""
+
+LocalDatasetConfig = Union[LocalGlueConfig, LocalSquadConfig, LocalTextConfig]
+"""Datasets from your files: the folder ``path`` is a DVC dependency."""
+
+AnyDatasetConfig = Union[PrepareDatasetConfig, LocalDatasetConfig]
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    datasets: dict[str, PrepareDatasetConfig]
+    """Embedded assets and hub datasets (stage ``prepare@<name>``)."""
+    local: dict[str, LocalDatasetConfig]
+    """Datasets from local files (stage ``prepare_local@<name>``, which depends on each one's folder)."""
+
+    def __post_init__(self) -> None:
+        both = sorted(set(self.datasets) & set(self.local))
+        if both:
+            raise ConfigError(f"{both} named under both prepare.datasets and prepare.local: a dataset has one source")
+
+    def dataset(self, name: str) -> AnyDatasetConfig:
+        """The config of dataset ``name`` from either sub-section."""
+        if name in self.datasets:
+            return self.datasets[name]
+        if name in self.local:
+            return self.local[name]
+        raise ConfigError(f"prepare has no dataset {name!r}; known: {sorted(self.datasets)} (datasets), "
+                          f"{sorted(self.local)} (local)")

@@ -1,0 +1,32 @@
+"""The ``speed`` section: the inference-speed protocol of the ``speed`` stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distillpipe.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """Inference speed protocol (CMOW paper Table V: batches of 256 random sequences of length 64, no grad).
+
+    Timing is kept out of ``evaluate``'s metrics so that those are a pure function of the student and the
+    data (byte-identical on a re-run); the ``speed`` stage writes ``metrics/speed/<run>.json`` instead."""
+
+    device: str
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
+    batch_size: int
+    seq_len: int
+    warmup: int
+    """Untimed batches first (allocator, kernel selection, caches)."""
+    repeats: int
+    """Timed repeats; the median rate is reported."""
+    batches_per_repeat: int
+    """Batches per timed repeat (on a GPU one batch is mostly launch and sync overhead: time many)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.seq_len < 2 or self.warmup < 0 or self.repeats < 1 \
+                or self.batches_per_repeat < 1:
+            raise ConfigError("speed: need batch_size >= 1, seq_len >= 2, warmup >= 0, repeats >= 1, "
+                              "batches_per_repeat >= 1")

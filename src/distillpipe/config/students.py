@@ -1,0 +1,101 @@
+"""Student architectures and task heads: one config dataclass per student (the ``student`` key picks it).
+
+Read by every stage that builds or loads a student (train, finetune, train_aug, evaluate, speed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from distillpipe.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class CMOWHybridConfig:
+    """Bidirectional CMOW/CBOW-Hybrid matrix-embedding student (CMOW paper, sec. III-B)."""
+
+    student: Literal["cmow_hybrid"]
+    variant: Literal["hybrid", "cmow", "cbow"]
+    """``cmow``: matrix embeddings only; ``cbow``: vector embeddings only; ``hybrid``: both, concatenated."""
+    bidirectional: bool
+    """Add a second set of matrices multiplied in reverse order (and CBOW suffix sums per token)."""
+    d: int
+    """Side of the CMOW matrices: each direction gives a d*d-dimensional encoding (paper: 20 -> 400)."""
+    d_vec: int
+    """CBOW vector size (paper: 400)."""
+    init_std: float
+    """CMOW matrices start as I + N(0, init_std^2) (paper: 0.01), so long products stay well-conditioned."""
+    dropout: float
+    """Dropout on the embeddings and on the aggregated representations (paper: 0.1)."""
+
+    def __post_init__(self) -> None:
+        if self.d < 1 or self.d_vec < 1 or self.init_std < 0 or not 0 <= self.dropout < 1:
+            raise ConfigError("need d >= 1, d_vec >= 1, init_std >= 0 and dropout in [0, 1)")
+
+
+@dataclass(frozen=True)
+class WaLDORfConfig:
+    """WaLDORf conv + transformer QA student (WaLDORf sec. 3.2, Fig. 1; Table 1 gives the paper's sizes).
+
+    Factorised embeddings -> conv_1 + max-pool 2 -> conv_2 + max-pool 2 -> time-distributed expansion to
+    ``d_model`` -> ``n_layers`` transformer blocks on sequence/4 -> two (up-sample 2, two convs, skip,
+    LayerNorm) stages back to the full length -> start/end logits. Vocabulary and maximum length come from
+    the task (the teacher's tokenizer)."""
+
+    student: Literal["waldorf"]
+    embedding_size: int
+    """Width of the factorised token/position/type embeddings, e' in eq. (1) (Table 1: 96)."""
+    conv_channels: list[int]
+    """Filters of conv_1 and conv_2, the two down-sampling convolutions (Table 1: [96, 192])."""
+    conv_kernel: int
+    """Width of every 1D convolution, odd so that 'same' padding keeps the length. The paper does not
+    state it; 3 gives 24.4 M parameters for Table 1 (the paper says 24.6 M)."""
+    d_model: int
+    """Hidden size of the transformer blocks and of the up-sampling convolutions conv_3-6 (Table 1: 480)."""
+    n_layers: int
+    """Transformer blocks (Table 1: 8); each exposes its hidden states and pre-softmax attention scores."""
+    n_heads: int
+    """Attention heads (Table 1: 16); the attention-score loss needs as many as the teacher has."""
+    d_ff: int
+    """Feed-forward size inside each block (Table 1: 1440)."""
+    dropout: float
+    """Dropout on embeddings, attention probabilities and residual branches (BERT: 0.1)."""
+    init_std: float
+    """Weights of linear, convolution and embedding layers start as N(0, init_std^2) (BERT: 0.02)."""
+
+    def __post_init__(self) -> None:
+        sizes = {"embedding_size": self.embedding_size, "d_model": self.d_model, "n_layers": self.n_layers,
+                 "n_heads": self.n_heads, "d_ff": self.d_ff}
+        small = [k for k, v in sizes.items() if v < 1]
+        if small:
+            raise ConfigError(f"waldorf: {small} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"waldorf: d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                              f"(each head gets d_model / n_heads dimensions)")
+        if len(self.conv_channels) != 2 or min(self.conv_channels) < 1:
+            raise ConfigError(f"waldorf: conv_channels must be two filter counts >= 1 (conv_1, conv_2; "
+                              f"Table 1: [96, 192]), got {self.conv_channels}")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
+            raise ConfigError(f"waldorf: conv_kernel={self.conv_kernel} must be odd and >= 1 ('same' padding)")
+        if not 0 <= self.dropout < 1 or self.init_std <= 0:
+            raise ConfigError(f"waldorf: need dropout in [0, 1) and init_std > 0 (got {self.dropout}, {self.init_std})")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The task head put on a student's encoding (CMOW paper, supplement A)."""
+
+    type: Literal["linear", "mlp", "cnn", "bilstm"]
+    """``linear`` probe / ``mlp`` on the sequence encoding; ``cnn`` (2D) on the aggregated CMOW
+    matrices; ``bilstm`` over the per-token representations."""
+    hidden_size: int
+    """Hidden units of the MLP and of each BiLSTM direction; ignored by ``linear`` and ``cnn``."""
+    dropout: float
+    """Dropout inside the head (paper: 0.1 MLP, 0.4 CNN, 0.5 BiLSTM)."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size < 1 or not 0 <= self.dropout < 1:
+            raise ConfigError("head: need hidden_size >= 1 and dropout in [0, 1)")
+
+
+StudentConfig = CMOWHybridConfig | WaLDORfConfig

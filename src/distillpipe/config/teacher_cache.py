@@ -1,0 +1,73 @@
+"""The ``teacher_cache`` section: which teacher signals are stored for each dataset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from distillpipe.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class SignalsConfig:
+    """What the teacher cache keeps. Never keep what no loss uses: every array costs disk and I/O."""
+
+    logits: bool
+    """Task logits (QA: start/end logits). Needs a fine-tuned task teacher."""
+    mlm_topk: int
+    """Top-k MLM logits (+ full-vocab logsumexp) at the statically masked positions; 0 = off.
+    Needs a teacher with an MLM head."""
+    hidden_layers: list[int]
+    """Encoder layers (1..n_layers; 0 = embedding output) whose outputs are kept, average-pooled
+    ``pool`` x along the sequence."""
+    attn_layers: list[int]
+    """Encoder layers whose pre-softmax attention scores are kept, max-pooled ``pool`` x ``pool``."""
+    pool: int
+    """Pooling factor p (WaLDORf eqs. 3 and 5: 4); 1 = unpooled (MiniALBERT)."""
+    attn_probs: bool
+    """Also keep unpooled attention probabilities of ``attn_layers`` (MiniALBERT attention KL): large."""
+    embeddings: bool
+    """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): large."""
+
+    def __post_init__(self) -> None:
+        if self.pool < 1 or self.mlm_topk < 0:
+            raise ConfigError("pool must be >= 1 and mlm_topk >= 0")
+        for name, low in (("hidden_layers", 0), ("attn_layers", 1)):
+            layers = getattr(self, name)
+            if any(j < low for j in layers) or layers != sorted(set(layers)):
+                raise ConfigError(f"{name}={layers}: layers are increasing and numbered from {low}")
+        if self.attn_probs and not self.attn_layers:
+            raise ConfigError("attn_probs needs attn_layers")
+        if not (self.logits or self.mlm_topk or self.hidden_layers or self.attn_layers or self.embeddings):
+            raise ConfigError("no signal selected: the cache would be empty")
+
+
+@dataclass(frozen=True)
+class TeacherCacheDatasetConfig:
+    teacher: str
+    """Teacher name: the folder ``models/teacher/<teacher>`` (from teacher_import or teacher_finetune)."""
+    head: Literal["base", "mlm", "classification", "qa"]
+    """Which model head to load: ``base`` for hidden/attention only."""
+    split: str
+    """The tokens split to cache (students train on it)."""
+    signals: SignalsConfig
+
+    def __post_init__(self) -> None:
+        if self.signals.logits and self.head not in ("classification", "qa"):
+            raise ConfigError(f"signals.logits needs head classification or qa (head is {self.head})")
+        if self.signals.mlm_topk and self.head != "mlm":
+            raise ConfigError(f"signals.mlm_topk needs head mlm (head is {self.head})")
+
+
+@dataclass(frozen=True)
+class TeacherCacheConfig:
+    device: str
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
+    batch_size: int
+    shard_rows: int
+    """Rows per shard: the unit of work, of resume and of one writer (DESIGN: ~1,024)."""
+    datasets: dict[str, TeacherCacheDatasetConfig]
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.shard_rows < 1:
+            raise ConfigError("batch_size and shard_rows must be >= 1")

@@ -1,0 +1,73 @@
+"""The ``tokenize`` section: how each prepared dataset becomes teacher-tokenized rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from distillpipe.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class TokenizeMLMConfig:
+    """MLM corpus: pack documents into blocks, then mask each block ``mask_views`` times (static)."""
+
+    kind: Literal["mlm"]
+    mask_views: int
+    """Seeded masked views per block; the teacher cache holds logits for exactly these masks."""
+    mask_prob: float
+    """Fraction of (non-special) tokens selected per view (BERT: 0.15)."""
+    mask_token_fraction: float
+    """Of selected tokens, fraction replaced by [MASK] (BERT: 0.8)."""
+    random_token_fraction: float
+    """Of selected tokens, fraction replaced by a random token (BERT: 0.1); the rest stay unchanged."""
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ConfigError(f"seed={self.seed} must be >= 0")
+        if self.mask_views < 1:
+            raise ConfigError(f"mask_views={self.mask_views} must be >= 1")
+        if not 0 < self.mask_prob < 1:
+            raise ConfigError(f"mask_prob={self.mask_prob} must be in (0, 1)")
+        if not (0 <= self.mask_token_fraction and 0 <= self.random_token_fraction
+                and self.mask_token_fraction + self.random_token_fraction <= 1):
+            raise ConfigError("mask_token_fraction + random_token_fraction must be within [0, 1]")
+
+
+@dataclass(frozen=True)
+class TokenizeClassificationConfig:
+    """Single-sentence / sentence-pair tasks: joint BERT encoding and separate A / B encodings."""
+
+    kind: Literal["classification"]
+
+
+@dataclass(frozen=True)
+class TokenizeQAConfig:
+    """Extractive QA: question + context windows of ``max_seq_len`` with ``doc_stride`` overlap."""
+
+    kind: Literal["qa"]
+    doc_stride: int
+    """Tokens of overlap between consecutive context windows."""
+    max_query_len: int
+    """Questions longer than this are truncated (and counted)."""
+
+
+TokenizeDatasetConfig = Union[TokenizeMLMConfig, TokenizeClassificationConfig, TokenizeQAConfig]
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    tokenizer: str
+    """Teacher tokenizer: ``embedded:minilm-l6``, a local directory, or a hub model name."""
+    max_seq_len: int
+    datasets: dict[str, TokenizeDatasetConfig]
+
+    def __post_init__(self) -> None:
+        if self.max_seq_len < 8:
+            raise ConfigError(f"tokenize.max_seq_len={self.max_seq_len} is too small (>= 8)")
+        for name, ds in self.datasets.items():
+            if isinstance(ds, TokenizeQAConfig) and not 0 < ds.doc_stride < self.max_seq_len - ds.max_query_len - 3:
+                raise ConfigError(f"tokenize.datasets.{name}.doc_stride must be in "
+                                  "(0, max_seq_len - max_query_len - 3): "
+                                  "a window must hold the question, 3 special tokens and more context than the stride")

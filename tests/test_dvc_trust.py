@@ -1,0 +1,105 @@
+"""In a real DVC repository: what DVC and the teacher store call fresh is what the code and data would
+produce. A code edit that changes the cached values rebuilds the store (and reverting it gives the
+original bytes back); a one-byte change in a user's local input file re-runs exactly that dataset's chain;
+two teacher-cache processes on one store: the second is refused."""
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from _dvc import DVC, env, out, sh, tiny_params, working_tree_repo, write_params
+from _tiny import make_tiny_bert_dir
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
+POOLING = "src/distillpipe/teacher/pooling.py"
+
+
+def _store_files(repo, name="polarity"):
+    root = repo / "data" / "teacher" / f"{name}.zarr"
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    return make_tiny_bert_dir(tmp_path_factory.mktemp("teacher") / "tiny")
+
+
+def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(tmp_path, teacher):
+    repo = working_tree_repo(tmp_path / "repo")
+    params = tiny_params(teacher)
+    params["teacher_cache"]["datasets"]["polarity"]["signals"].update(hidden_layers=[2], pool=2)
+    write_params(repo, params)
+    sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo)
+    original = _store_files(repo)
+
+    source = (repo / POOLING).read_text()
+    edited = source.replace("    return pooled, counts > 0\n", "    return pooled * 2, counts > 0\n", 1)
+    assert edited != source
+    (repo / POOLING).write_text(edited)
+    res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
+    assert "rebuilding the teacher cache" in res and "code.distillpipe/teacher/pooling.py: cache has" in res, res
+    rebuilt = _store_files(repo)
+    assert rebuilt.keys() == original.keys()
+    changed = {k for k in original if rebuilt[k] != original[k]}
+    assert any(k.startswith("hidden/L2/c/") for k in changed), changed  # the values, not only the manifest
+    assert not any(k.startswith("logits/c/") for k in changed)  # what pooling does not touch is the same
+
+    (repo / POOLING).write_text(source)
+    res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
+    assert "rebuilding the teacher cache" in res, res
+    assert _store_files(repo) == original  # every byte, manifest and markers included
+
+
+def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, teacher):
+    repo = working_tree_repo(tmp_path / "repo")
+    raw = repo / "data" / "raw" / "tiny_sst2"
+    raw.mkdir(parents=True)
+    rows = ["a fine film", "a dull film", "great acting", "poor script", "loved it", "hated it"]
+    (raw / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(rows)))
+    (raw / "dev.tsv").write_text("sentence\tlabel\nfine work\t1\nbad work\t0\n")
+    params = tiny_params(teacher)
+    params["prepare"]["local"] = {"tiny_sst2": {"format": "glue", "task": "sst2", "path": "data/raw/tiny_sst2",
+                                                "files": {"train": "train.tsv", "dev": "dev.tsv"},
+                                                "encoding": "utf-8", "on_bad_rows": "error"}}
+    params["tokenize"]["datasets"]["tiny_sst2"] = {"kind": "classification"}
+    write_params(repo, params)
+    targets = ["tokenize@tiny_sst2", "tokenize@polarity"]
+    sh(repo, DVC, "repro", *targets)
+    assert "up to date" in out(sh(repo, DVC, "status", "--with-deps", *targets))
+
+    dev = raw / "dev.tsv"
+    dev.write_text(dev.read_text().replace("fine work\t1", "fine work\t0"))  # one label flipped: one byte
+    status = out(sh(repo, DVC, "status", "--with-deps", *targets))
+    assert "prepare_local@tiny_sst2" in status and "data/raw/tiny_sst2" in status, status
+    res = out(sh(repo, DVC, "repro", *targets))
+    ran = sorted(line.split("'")[1] for line in res.splitlines() if line.startswith("Running stage"))
+    assert ran == ["prepare_local@tiny_sst2", "tokenize@tiny_sst2"], res
+
+
+def test_a_second_teacher_cache_process_on_one_store_is_refused(tmp_path, teacher):
+    repo = working_tree_repo(tmp_path / "repo")
+    params = tiny_params(teacher)
+    write_params(repo, params)
+    sh(repo, DVC, "repro", "tokenize@polarity", "teacher_finetune@polarity")
+    cmd = [sys.executable, "-m", "stages.teacher_cache", "--dataset", "polarity", "--tokens", "data/tokens/polarity",
+           "--teacher", "models/teacher/polarity", "--out", "data/teacher/polarity.zarr"]
+    # the first writer is held inside its first shard (the hook sleeps before the shard is written)
+    slow = ("import sys, time, runpy; import distillpipe.store.writer as w; orig = w.write_shard\n"
+            "def slow(*a, **k):\n    print('WRITING', flush=True); time.sleep(30); return orig(*a, **k)\n"
+            "w.write_shard = slow; sys.argv = ['stage'] + sys.argv[1:]; runpy.run_module('stages.teacher_cache', "
+            "run_name='__main__')\n")
+    first = subprocess.Popen([sys.executable, "-c", slow, *cmd[3:]], cwd=repo, env=env(repo),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "WRITING", first.stderr.read()
+        t = time.time()
+        second = subprocess.run(cmd, cwd=repo, env=env(repo), capture_output=True, text=True)
+        assert time.time() - t < 20  # refused at once, not after waiting
+        assert second.returncode == 2, second.stderr
+        assert f"is being written by another process (pid {first.pid} on" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        first.kill()
+        first.wait()
