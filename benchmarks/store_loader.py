@@ -61,7 +61,8 @@ def main(n_rows: int) -> None:
         print(f"write    {n_rows / dt:10,.0f} rows/s  {raw / dt / 2**20:8,.1f} MB/s raw   {summary}")
 
         names = [a.name for a in array_layout(spec, n_rows, 1024) if a.name not in ("row_index", "length")]
-        loader = BlockLoader(path, names, block_rows=256, buffer_blocks=4, seed=0, expected=None, batch_size=64)
+        loader = BlockLoader(path, names, block_rows=256, buffer_blocks=4, seed=0, expected=None, batch_size=64,
+                             streams=1)
         t = time.perf_counter()
         rows = sum(len(r) for r, _ in loader)
         block_rate = rows / (time.perf_counter() - t)

@@ -361,7 +361,7 @@ class Case:
             seed=opt.seed,
             block_rows=self.loader.block_rows,
             buffer_blocks=self.loader.buffer_blocks,
-            num_workers=self.loader.num_workers,
+            streams=self.loader.streams,
         )
         cols = rows.select_columns(source.columns)
         probe, _ = collate(
@@ -515,7 +515,7 @@ def bench_training(device, rows: int, L: int, batch_size: int, repeats: int, stu
     if rows < 64 or rows % 64:
         raise SystemExit(f"--rows must be a multiple of 64 (the loader's block rows), got {rows}")
     minilm = resolve_model("embedded:minilm-l6")
-    loader = build(LoaderConfig, {"block_rows": 64, "buffer_blocks": 4, "num_workers": 0}, "loader")
+    loader = build(LoaderConfig, {"block_rows": 64, "buffer_blocks": 4, "streams": 1}, "loader")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         clf_teacher = make_classification_teacher(tmp / "clf_teacher", minilm)
@@ -613,7 +613,8 @@ def bench_training(device, rows: int, L: int, batch_size: int, repeats: int, stu
 def _build_cache(label, tokens, teacher_dir, cfg, device, batch_size, shard, store) -> str:
     from distillpipe.teacher.cache import build_teacher_cache
 
-    s = build_teacher_cache(label, tokens, teacher_dir, cfg, str(device), batch_size, shard, store)
+    s = build_teacher_cache(label, tokens, teacher_dir, cfg, str(device), batch_size, shard, store,
+                            cpu_threads=torch.get_num_threads())
     return f"{s.computed_rows} rows, {s.store.bytes_on_disk / max(s.store.rows, 1) / 1024:.1f} KiB/row on disk"
 
 

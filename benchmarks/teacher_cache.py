@@ -98,7 +98,7 @@ def main() -> None:
             store = tmp / f"s{r}.zarr"
             t = time.perf_counter()
             summary = build_teacher_cache("bench", tokens, model_dir, cfg, str(device), args.batch_size,
-                                          args.shard_rows, store)
+                                          args.shard_rows, store, cpu_threads=torch.get_num_threads())
             stage.append(len(rows) / (time.perf_counter() - t))
             loop.append(summary.computed_rows / summary.seconds)
         b, c, s = statistics.median(bare), statistics.median(loop), statistics.median(stage)
@@ -119,7 +119,7 @@ def main() -> None:
               f"-> {naive / per_row:.0f}x smaller  (goal >= 50x)")
 
         names = [a for a in st.arrays if a.startswith(("hidden/", "attn_scores/"))]
-        loader = BlockLoader(tmp / "s0.zarr", names, block_rows=64, buffer_blocks=4, seed=0, expected=None,
+        loader = BlockLoader(tmp / "s0.zarr", names, block_rows=64, buffer_blocks=4, seed=0, expected=None, streams=1,
                              batch_size=32)
         t = time.perf_counter()
         n = sum(len(ri) for ri, _ in loader)

@@ -41,7 +41,8 @@ def _files(folder):
 
 def test_cache_equals_live_teacher_row_by_row(tiny, tmp_path):
     before = _files(tiny["mlm"]), _files(tiny["base"])
-    s = build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr")
+    s = build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr",
+                            cpu_threads=1)
     assert (_files(tiny["mlm"]), _files(tiny["base"])) == before  # inputs are other stages' DVC outputs
     assert s.store.rows == 100 and s.computed_rows == 100
     st = open_store(tmp_path / "s.zarr")
@@ -82,7 +83,7 @@ def test_cache_equals_live_teacher_row_by_row(tiny, tmp_path):
 
 def test_task_logits_equal_live_classifier(tiny, tmp_path):
     cfg = _cfg("classification", logits=True, hidden_layers=[], attn_layers=[], pool=1)
-    build_teacher_cache("cls", tiny["cls"], tiny["clf"], cfg, "cpu", 16, SHARD, tmp_path / "c.zarr")
+    build_teacher_cache("cls", tiny["cls"], tiny["clf"], cfg, "cpu", 16, SHARD, tmp_path / "c.zarr", cpu_threads=1)
     from datasets import load_from_disk
     from transformers import BertForSequenceClassification
 
@@ -98,15 +99,15 @@ def test_bad_combinations_are_refused(tiny, tmp_path):
     with pytest.raises(TeacherCacheError, match="another tokenizer"):
         other = make_tiny_bert_dir(tmp_path / "other")
         (other / "vocab.txt").write_text((other / "vocab.txt").read_text() + "extra\n")
-        build_teacher_cache("toy", tiny["mlm"], other, _cfg(), "cpu", 8, SHARD, tmp_path / "x.zarr")
+        build_teacher_cache("toy", tiny["mlm"], other, _cfg(), "cpu", 8, SHARD, tmp_path / "x.zarr", cpu_threads=1)
     with pytest.raises(TeacherCacheError, match="split='dev'"):
         cfg = build(TeacherCacheDatasetConfig,
                     {"teacher": "t", "head": "base", "split": "dev", "signals": signals()}, "k")
-        build_teacher_cache("toy", tiny["mlm"], tiny["base"], cfg, "cpu", 8, SHARD, tmp_path / "y.zarr")
+        build_teacher_cache("toy", tiny["mlm"], tiny["base"], cfg, "cpu", 8, SHARD, tmp_path / "y.zarr", cpu_threads=1)
 
 
 def test_reader_refuses_a_stale_cache_naming_the_field(tiny, tmp_path):
-    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr")
+    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, tmp_path / "s.zarr", cpu_threads=1)
     st = open_store(tmp_path / "s.zarr")
     expected = st.manifest.to_dict()
     expected["tokens_fingerprint"] = "changed"
@@ -120,19 +121,19 @@ def test_reader_refuses_a_stale_cache_naming_the_field(tiny, tmp_path):
 
 DRIVER = """
 import os, signal, sys
-from distillpipe.store import writer as W
+from distillpipe.teacher import cache as C
 kill_at = int(os.environ.get("KILL_AT_SHARD", "-1"))
-orig = W.StoreWriter.write_shard
-def write_shard(self, i, arrays, **kw):
+orig = C.write_shard
+def write_shard(store, i, arrays, **kw):
     if i == kill_at:  # die half-way through this shard's arrays: a torn shard on disk
         calls = []
         def cb(name, nbytes):
             calls.append(name)
             if len(calls) == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
-        return orig(self, i, arrays, on_array_written=cb)
-    return orig(self, i, arrays, **kw)
-W.StoreWriter.write_shard = write_shard
+        return orig(store, i, arrays, on_array_written=cb)
+    return orig(store, i, arrays, **kw)
+C.write_shard = write_shard
 from distillpipe.cli import app
 app(sys.argv[1:], prog_name="teacher_cache")
 """
@@ -147,7 +148,7 @@ def _run(tiny, params, out, kill_at=None):
 
 def _params(tmp_path, **sig):
     return write_params(tmp_path / "params.yaml", {"teacher_cache": {
-        "device": "cpu", "batch_size": 8, "shard_rows": SHARD,
+        "device": "cpu", "batch_size": 8, "cpu_threads": 1, "shard_rows": SHARD,
         "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "signals": signals(**sig)}}}})
 
 

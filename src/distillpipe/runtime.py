@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -58,3 +59,17 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block (None: left as they are), then restored. On CPU a
+    matmul split over other thread counts can round differently, so work whose bytes must not depend on the
+    machine pins its thread count (a param) rather than inheriting the process's."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

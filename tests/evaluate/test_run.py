@@ -30,7 +30,7 @@ def qa_student(tmp_path_factory):
     cache = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train",
                                               "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                  pool=1)}, "teacher_cache.datasets.toy_qa")
-    build_teacher_cache("toy_qa", tokens, teacher, cache, "cpu", 16, 32, root / "qa.zarr")
+    build_teacher_cache("toy_qa", tokens, teacher, cache, "cpu", 16, 32, root / "qa.zarr", cpu_threads=1)
     run = build(TrainRunConfig, {
         "dataset": "toy_qa", "model": TINY_WALDORF, "encoding": "joint", "head": None,
         "objective": {"loss_weights": {"hard": 1.0, "soft": 1.0}, "hidden_loss": "mse", "layer_map": [2],
@@ -39,7 +39,7 @@ def qa_student(tmp_path_factory):
         "optim": {"epochs": 1, "max_steps": 12, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
                   "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 100, "seed": 0},
         "note": "test"}, "train.runs.w")
-    train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
+    train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=tokens, store_path=root / "qa.zarr", prepared_dir=prepared, out_dir=root / "w",
                   ckpt_dir=root / "ck", metrics_path=root / "m.json", plots_dir=root / "p")
     return {"teacher": teacher, "prepared": prepared, "tokens": tokens, "student": root / "w"}

@@ -87,7 +87,8 @@ def qg_params(**over) -> dict:
 
 
 def augment_params(**over) -> dict:
-    p = {"device": "cpu", "static_kv_cache": True, "exclude_article_splits": ["dev", "test"], "min_paragraph_chars": 20,
+    p = {"device": "cpu", "static_kv_cache": True, "cpu_threads": 1, "exclude_article_splits": ["dev", "test"],
+         "min_paragraph_chars": 20,
          "max_paragraphs": None, "n_per_paragraph": 2,
          "decoding": {"kind": "sample", "temperature": 1.0, "top_k": 0, "top_p": 1.0},
          "max_source_len": 48, "max_new_tokens": 12, "no_repeat_ngram_size": 0, "batch_size": 4,

@@ -197,3 +197,22 @@ def test_sigkill_mid_augment_then_resume_gives_the_same_rows(corpus, toy_qa, tin
     assert len({r["id"] for r in rows}) == len(rows), "no duplicated rows"
     assert rows == expected
     assert _files(tmp_path / "out") == _files(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_chunks_as_dask_tasks_give_the_same_rows(corpus, toy_qa, tiny_qg, tmp_path, workers):
+    """One task per chunk on a LocalCluster of worker processes: the same dataset, byte for byte, as in this
+    process, whatever the number of workers and the order the chunks finish in."""
+    from distillpipe.scale.machine import load_machine
+
+    pytest.importorskip("distributed")
+    path, _ = corpus
+    cfg = _cfg(cpu_threads=1)
+    augment("aug", path, toy_qa, tiny_qg, cfg, tmp_path / "ref", tmp_path / "ref_chunks")
+    empty = tmp_path / "machine.yaml"
+    empty.write_text("")
+    cluster = load_machine({"DISTILLPIPE_MACHINE": str(empty), "DISTILLPIPE_CLUSTER": "local",
+                            "DISTILLPIPE_WORKERS": str(workers)}).cluster
+    summary = augment("aug", path, toy_qa, tiny_qg, cfg, tmp_path / "out", tmp_path / "chunks", cluster=cluster)
+    assert summary.generated == 24 and summary.chunks == 3
+    assert sha256_dir(tmp_path / "out") == sha256_dir(tmp_path / "ref")

@@ -6,6 +6,7 @@ concurrent writers):
     python store_helpers.py write  <store> <N> <shard_rows> [<kill_shard> <kill_after_array>]
     python store_helpers.py worker <store> <shard> [<shard> ...]
     python store_helpers.py hold   <store> <N> <shard_rows>   (open as the writer, say so, wait for stdin EOF)
+    python store_helpers.py repeat <store> <shard> <times>     (write one shard again and again)
 """
 
 from __future__ import annotations
@@ -122,6 +123,14 @@ def _main(argv: list[str]) -> None:
         manifest = store_manifest(store)  # a worker: the driver holds the store's lock
         for i in map(int, argv[2:]):
             write_shard(store, i, shard_arrays(manifest, i))
+    elif mode == "repeat":
+        from distillpipe.store.writer import store_manifest
+
+        manifest = store_manifest(store)
+        i, times = int(argv[2]), int(argv[3])
+        data = shard_arrays(manifest, i)
+        for _ in range(times):
+            write_shard(store, i, data)
     elif mode == "hold":
         writer = create_or_resume(store, tiny_manifest(int(argv[2]), int(argv[3])))
         writer.write_shard(0, shard_arrays(writer.manifest, 0))

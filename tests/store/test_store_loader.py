@@ -1,4 +1,5 @@
-"""Block loader: seeded shuffles, exact coverage, resumable position, spawn DataLoader workers."""
+"""Block loader: seeded shuffles, exact coverage, resumable position, streams split over processes (each reads
+only its blocks, together they give the one-process batches), spawn DataLoader workers."""
 
 import itertools
 
@@ -6,13 +7,14 @@ import numpy as np
 import pytest
 from store_helpers import full_arrays, tiny_manifest
 
-from distillpipe.store.loader import BlockLoader, block_windows, resume_plan
+from distillpipe.store.loader import BlockLoader, block_windows, stream_windows
 
 NAMES = ("hidden/L1", "attn_scores/L2", "logits")
 
 
 def _loader(path, **kw):
-    args = dict(block_rows=64, buffer_blocks=3, seed=7, expected={"tokens_fingerprint": "tok-fp-1"}, batch_size=24)
+    args = dict(block_rows=64, buffer_blocks=3, seed=7, expected={"tokens_fingerprint": "tok-fp-1"}, batch_size=24,
+                streams=1)
     args.update(kw)
     return BlockLoader(path, NAMES, **args)
 
@@ -81,49 +83,80 @@ def test_state_restore_continues_exactly(reference_store):
         _assert_same(seen + rest, reference)
 
 
-def test_rows_mode_and_settings_checks(reference_store):
-    loader = _loader(reference_store, batch_size=None)
-    rows = [(i, x) for i, x in loader]
-    assert len(rows) == 500 and isinstance(rows[0][0], int) and rows[0][1]["hidden/L1"].shape == (4, 8)
-    assert sorted(i for i, _ in rows) == list(range(1000, 1000 + 3 * 500, 3))
-    other = _loader(reference_store, batch_size=None, seed=3)
+def test_settings_checks(reference_store):
+    loader = _loader(reference_store)
+    other = _loader(reference_store, seed=3)
     with pytest.raises(ValueError, match="seed: checkpoint 7, loader 3"):
         other.load_state_dict(loader.state_dict())
     with pytest.raises(ValueError, match="block_rows=48 must divide shard_rows=128"):
         _loader(reference_store, block_rows=48)
     with pytest.raises(KeyError, match="no arrays"):
-        BlockLoader(reference_store, ["hidden/L2"], block_rows=64, buffer_blocks=2, seed=0, expected=None, batch_size=4)
+        BlockLoader(reference_store, ["hidden/L2"], block_rows=64, buffer_blocks=2, seed=0, expected=None, batch_size=4,
+                    streams=1)
+    with pytest.raises(ValueError, match="batch_size=24 must be a multiple of loader.streams=5"):
+        _loader(reference_store, streams=5)
+    with pytest.raises(ValueError, match="loader.streams=3 must be a multiple of the 2 training processes"):
+        _loader(reference_store, streams=3, world=2)
+    with pytest.raises(ValueError, match="num_workers=2 must be 0 or divide the 3 stream"):
+        _loader(reference_store, streams=3, num_workers=2)
+    with pytest.raises(ValueError, match="loader.streams=4 is more than the 3 windows"):
+        _loader(reference_store, streams=4)
 
 
-def _round_robin(counts):
-    """Worker of each batch when a DataLoader interleaves workers round-robin, skipping exhausted ones."""
-    queues = [[w] * n for w, n in enumerate(counts)]
-    return [w for group in itertools.zip_longest(*queues) for w in group if w is not None]
+def _window_of(manifest, epoch, streams):
+    """store row -> the stream whose window holds it this epoch (the independent reference)."""
+    owner = {}
+    for k, windows in enumerate(stream_windows(block_windows(manifest, 64, 1, 7, epoch), streams)):
+        for _, blocks in windows:
+            for a, b in blocks:
+                owner.update({row: k for row in range(a, b)})
+    return owner
 
 
-def test_resume_plan_matches_round_robin_simulation():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        counts = [int(n) for n in rng.integers(0, 6, size=rng.integers(1, 5))]
-        order = _round_robin(counts)
-        for consumed in range(len(order) + 1):
-            done, first = resume_plan(counts, consumed)
-            assert done == [order[:consumed].count(w) for w in range(len(counts))]
-            # a fresh DataLoader whose slot s plays worker (s + first) % W continues the sequence
-            roles = [(s + first) % len(counts) for s in range(len(counts))]
-            resumed = _round_robin([counts[r] - done[r] for r in roles])
-            assert [roles[s] for s in resumed] == order[consumed:]
+def test_processes_read_only_their_streams_and_together_give_the_one_process_batches(reference_store):
+    m = tiny_manifest()
+    ref = full_arrays(m)
+    one = _loader(reference_store, streams=4, buffer_blocks=1)  # 8 windows of 64 rows: 2 per stream
+    single = [_epoch(one) for _ in range(2)]
+    for epoch, batches in enumerate(single):
+        assert all(len(r) == 24 for r, _ in batches)  # several streams: only full global batches
+        rows = _rows(batches)
+        owner = _window_of(m, epoch, 4)
+        per_stream = [sum(1 for k in owner.values() if k == s) for s in range(4)]
+        # the epoch ends when a stream runs out of full sub-batches of 24 / 4 rows
+        assert len(set(rows)) == len(rows) == 24 * min(n // 6 for n in per_stream)
+        for r, _ in batches:  # each batch: 6 rows of stream 0, then 6 of stream 1, ...
+            assert [owner[(row - 1000) // 3] for row in r] == [k for k in range(4) for _ in range(6)]
+    for world in (2, 4):
+        parts = []
+        for rank in range(world):
+            loader = _loader(reference_store, streams=4, buffer_blocks=1, world=world, rank=rank)
+            parts.append([_epoch(loader) for _ in range(2)])
+            mine = {k for k in range(4) if k // (4 // world) == rank}
+            for epoch in range(2):
+                owner = _window_of(m, epoch, 4)
+                assert {owner[(row - 1000) // 3] for row in _rows(parts[-1][epoch])} == mine  # only its blocks
+        for epoch in range(2):
+            assert [len(p[epoch]) for p in parts] == [len(single[epoch])] * world  # lock step
+            for t, (rows, arrays) in enumerate(single[epoch]):
+                local = [parts[rank][epoch][t] for rank in range(world)]
+                assert np.array_equal(np.concatenate([r for r, _ in local]), rows)
+                for name in NAMES:
+                    joined = np.concatenate([x[name] for _, x in local])
+                    assert np.array_equal(joined, arrays[name])
+                    assert np.array_equal(joined, ref[name][(rows - 1000) // 3])
 
 
-def test_spawn_workers_cover_rows_and_resume_exactly(reference_store):
-    kw = dict(num_workers=2, multiprocessing_context="spawn", batch_size=32)
+def test_spawn_workers_give_the_same_batches_and_resume_exactly(reference_store):
+    kw = dict(num_workers=2, multiprocessing_context="spawn", batch_size=32, streams=4, buffer_blocks=1)
+    in_process = _epoch(_loader(reference_store, batch_size=32, streams=4, buffer_blocks=1))
     loader = _loader(reference_store, **kw)
     it = iter(loader)
     head = [next(it) for _ in range(7)]
     state = loader.state_dict()  # a checkpoint taken here ...
     full = head + list(it)  # ... while the uninterrupted run goes on
-    assert sorted(_rows(full)) == list(range(1000, 1000 + 3 * 500, 3))  # every row once across both workers
-    assert len(full) == len(_loader(reference_store, **kw)) and loader.epoch == 1
+    _assert_same(full, in_process)  # DataLoader workers add parallelism, never other batches
+    assert loader.epoch == 1
     resumed = _loader(reference_store, **kw)
     resumed.load_state_dict(state)
     _assert_same(head + _epoch(resumed), full)

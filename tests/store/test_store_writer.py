@@ -130,6 +130,24 @@ def test_concurrent_writer_processes(reference_store, tmp_path):
     assert tree_files(path) == tree_files(reference_store)
 
 
+def test_two_attempts_at_one_shard_at_once_cannot_corrupt_it(reference_store, tmp_path):
+    """A lost dask worker that comes back writes the shard a second time while its replacement does: the
+    files are published atomically and both attempts write the same bytes, so files and marker agree."""
+    path = tmp_path / "s.zarr"
+    writer = create_or_resume(path, tiny_manifest())
+    procs = [subprocess.Popen([sys.executable, HELPER, "repeat", str(path), "2", "15"], stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    for p in procs:
+        assert p.wait(timeout=180) == 0, p.stderr.read()
+    assert writer.refresh() == [2]
+    assert not list(path.rglob("*.partial"))
+    for i in writer.pending_shards():
+        writer.write_shard(i, shard_arrays(writer.manifest, i))
+    writer.finalize()
+    assert open_store(path, verify=True).manifest.complete
+    assert tree_files(path) == tree_files(reference_store)
+
+
 def test_params_change_rebuilds_with_warning(store_copy, caplog):
     changed = tiny_manifest(tokens_fingerprint="tok-fp-2")
     with caplog.at_level(logging.WARNING, logger="distillpipe.store"):

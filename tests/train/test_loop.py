@@ -20,7 +20,7 @@ from distillpipe.train.loop import train_student
 from distillpipe.train.objective import ObjectiveError
 
 SHARD = 32
-LOADER = {"block_rows": 32, "buffer_blocks": 2, "num_workers": 0}
+LOADER = {"block_rows": 32, "buffer_blocks": 2, "streams": 1}
 MODEL = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
          "init_std": 0.01, "dropout": 0.0}
 ALL_AT_ONCE = {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False}
@@ -58,9 +58,9 @@ def toy(tmp_path_factory):
                                                  "signals": signals(**sig)}, "teacher_cache.datasets.toy")
 
     build_teacher_cache("cls", cls_tokens, clf, cfg("classification", logits=True, hidden_layers=[], attn_layers=[],
-                                                    pool=1), "cpu", 16, SHARD, root / "cls.zarr")
+                                                    pool=1), "cpu", 16, SHARD, root / "cls.zarr", cpu_threads=1)
     build_teacher_cache("mlm", mlm_tokens, base, cfg("base", hidden_layers=[2], attn_layers=[], pool=2), "cpu", 16,
-                        SHARD, root / "mlm.zarr")
+                        SHARD, root / "mlm.zarr", cpu_threads=1)
     return {"root": root, "cls": cls_tokens, "mlm": mlm_tokens, "cls_store": root / "cls.zarr",
             "mlm_store": root / "mlm.zarr"}
 
@@ -172,7 +172,8 @@ def _unlabeled_copy(toy, root):
         cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
                                                 "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                    pool=1)}, "teacher_cache.datasets.toy_aug")
-        build_teacher_cache("toy_aug", aug, toy["root"] / "clf", cfg, "cpu", 16, SHARD, root / "aug.zarr")
+        build_teacher_cache("toy_aug", aug, toy["root"] / "clf", cfg, "cpu", 16, SHARD, root / "aug.zarr",
+                            cpu_threads=1)
     return aug, root / "aug.zarr"
 
 
@@ -201,7 +202,7 @@ def test_mixture_resumes_mid_epoch_with_the_same_batches(toy):
     aug_tokens, aug_store = _unlabeled_copy(toy, toy["root"])
 
     def mixture():
-        kw = {"batch_size": 8, "seed": 3, "block_rows": 32, "buffer_blocks": 2, "num_workers": 0}
+        kw = {"batch_size": 8, "seed": 3, "block_rows": 32, "buffer_blocks": 2, "streams": 1}
         return Mixture([Source("toy", toy["cls"], toy["cls_store"], ["logits"], **kw),
                         Source("toy_aug", aug_tokens, aug_store, ["logits"], **kw)], seed=3)
 

@@ -17,7 +17,7 @@ from distillpipe.store.shards import read_marker
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student
 
-LOADER = {"block_rows": 32, "buffer_blocks": 2, "num_workers": 0}
+LOADER = {"block_rows": 32, "buffer_blocks": 2, "streams": 1}
 MODEL = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
          "init_std": 0.01, "dropout": 0.1}
 OBJECTIVE = {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
@@ -43,7 +43,7 @@ def toy(tmp_path_factory):
     cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
                                             "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                pool=1)}, "teacher_cache.datasets.toy")
-    build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr")
+    build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr", cpu_threads=1)
     return {"root": root, "tokens": tokens, "store": root / "cls.zarr"}
 
 

@@ -24,7 +24,7 @@ def qa(tmp_path_factory):
     cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train",
                                             "signals": signals(logits=True, hidden_layers=[1, 2], attn_layers=[1, 2],
                                                                pool=4)}, "teacher_cache.datasets.toy_qa")
-    build_teacher_cache("toy_qa", tokens, teacher, cfg, "cpu", 16, 32, root / "qa.zarr")
+    build_teacher_cache("toy_qa", tokens, teacher, cfg, "cpu", 16, 32, root / "qa.zarr", cpu_threads=1)
     return {"prepared": prepared, "tokens": tokens, "store": root / "qa.zarr"}
 
 
@@ -41,7 +41,7 @@ def test_slow_build_switches_terms_on_in_order(qa, tmp_path):
     slow = {"kind": "slow_build", "phase_steps": 8, "build_fraction": None, "warmup_fraction": 0.0,
             "temperature": 3.0}
     run = _run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4})
-    s = train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
+    s = train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                       tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
                       out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
                       plots_dir=tmp_path / "p")
@@ -67,7 +67,7 @@ def test_student_heads_must_match_teacher_heads_for_the_attention_loss(qa, tmp_p
                {"hard": 1.0, "attn": 1.0})
     run = build(TrainRunConfig, {**_asdict(run), "model": {**TINY_WALDORF, "n_heads": 2}}, "train.runs.w")
     with pytest.raises(Exception, match=r"as many student heads as teacher heads \(4\)"):
-        train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 0), device="cpu",
+        train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                       tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
                       out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
                       plots_dir=tmp_path / "p")
@@ -87,7 +87,7 @@ def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path)
     run["optim"].update(max_steps=24, checkpoint_every=5)
     run["dataset"] = "toy_qa"
     params = write_params(tmp_path / "params.yaml", {"train": {
-        "device": "cpu", "loader": {"block_rows": 32, "buffer_blocks": 2, "num_workers": 0}, "runs": {"w": run}}})
+        "device": "cpu", "loader": {"block_rows": 32, "buffer_blocks": 2, "streams": 1}, "runs": {"w": run}}})
 
     def cli(out, kill_at=None):
         return run_train_cli("w", tokens=qa["tokens"], store=qa["store"], prepared=qa["prepared"], out=out,

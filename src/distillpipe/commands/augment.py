@@ -11,6 +11,7 @@ from distillpipe.commands.base import ParamsOpt, entry_point, user_errors
 from distillpipe.config.augment import AugmentConfig
 from distillpipe.config.base import load_section
 from distillpipe.qg.augment import augment as run_augment
+from distillpipe.scale.machine import load_machine
 
 
 @user_errors
@@ -22,8 +23,12 @@ def augment(name: Annotated[str, typer.Option(help="name of the augmented datase
             exclude: Annotated[Path | None, typer.Option(help="prepared QA set whose contexts (and articles of "
                                                          "augment.exclude_article_splits) are left out")] = None,
             params: ParamsOpt = Path("params.yaml")) -> None:
-    """Generate questions for unlabeled paragraphs (chunked, resumable) into a prepared QA dataset."""
-    summary = run_augment(name, corpus, exclude, qg, load_section(params, "augment", AugmentConfig), out, chunks)
+    """Generate questions for unlabeled paragraphs (chunked, resumable) into a prepared QA dataset.
+
+    Where the chunks are generated (this process or a dask cluster) is a machine setting: machine.yaml or
+    DISTILLPIPE_CLUSTER / DISTILLPIPE_WORKERS / DISTILLPIPE_SCHEDULER (README: Scaling out)."""
+    summary = run_augment(name, corpus, exclude, qg, load_section(params, "augment", AugmentConfig), out, chunks,
+                          cluster=load_machine().cluster)
     typer.echo(summary.one_line())
 
 

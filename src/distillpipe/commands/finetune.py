@@ -23,8 +23,10 @@ from distillpipe.commands.base import (
     named_entry,
     user_errors,
 )
+from distillpipe.commands.students import handed_to_torchrun, is_main_process
 from distillpipe.config.base import ConfigError, load_section
 from distillpipe.config.finetune import FinetuneConfig
+from distillpipe.scale.machine import load_machine
 from distillpipe.students import load_student
 from distillpipe.train.loop import train_student
 
@@ -41,6 +43,9 @@ def finetune(run: RunOpt,
              plots: PlotsOpt,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune a trained student's encoder on a task with a fresh head (task-specific distillation)."""
+    students = load_machine().students
+    if handed_to_torchrun(students.nproc_per_node):
+        return
     cfg = load_section(params, "finetune", FinetuneConfig)
     rcfg = named_entry(cfg, run, params, "finetune", "runs")
     check_dataset(tokens, rcfg.dataset, f"finetune.runs.{run}")
@@ -49,8 +54,10 @@ def finetune(run: RunOpt,
         raise ConfigError(f"finetune.runs.{run}.init is {rcfg.init!r} but {init} holds the student {record['name']!r}")
     summary = train_student(run, model_cfg=record["model"], run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
-                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots, init_dir=init)
-    typer.echo(summary.one_line())
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            loader_workers=students.loader_workers, init_dir=init)
+    if is_main_process():
+        typer.echo(summary.one_line())
 
 
 main = entry_point(finetune, "finetune")

@@ -21,8 +21,10 @@ from distillpipe.commands.base import (
     named_entry,
     user_errors,
 )
+from distillpipe.commands.students import handed_to_torchrun, is_main_process
 from distillpipe.config.base import load_section
 from distillpipe.config.train import TrainConfig
+from distillpipe.scale.machine import load_machine
 from distillpipe.train.loop import train_student
 
 
@@ -37,13 +39,18 @@ def train(run: RunOpt,
           plots: PlotsOpt,
           params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation against a teacher cache (general or task distillation)."""
+    students = load_machine().students
+    if handed_to_torchrun(students.nproc_per_node):
+        return
     cfg = load_section(params, "train", TrainConfig)
     rcfg = named_entry(cfg, run, params, "train", "runs")
     check_dataset(tokens, rcfg.dataset, f"train.runs.{run}")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
-                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots)
-    typer.echo(summary.one_line())
+                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            loader_workers=students.loader_workers)
+    if is_main_process():
+        typer.echo(summary.one_line())
 
 
 main = entry_point(train, "train")

@@ -22,8 +22,10 @@ from distillpipe.commands.base import (
     named_entry,
     user_errors,
 )
+from distillpipe.commands.students import handed_to_torchrun, is_main_process
 from distillpipe.config.base import load_section
 from distillpipe.config.train_aug import TrainAugConfig
+from distillpipe.scale.machine import load_machine
 from distillpipe.train.loop import train_student
 
 
@@ -40,6 +42,9 @@ def train_aug(run: RunOpt,
               plots: PlotsOpt,
               params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation on a dataset plus augmented unlabeled rows (teacher losses)."""
+    students = load_machine().students
+    if handed_to_torchrun(students.nproc_per_node):
+        return
     cfg = load_section(params, "train_aug", TrainAugConfig)
     rcfg = named_entry(cfg, run, params, "train_aug", "runs")
     check_dataset(tokens, rcfg.dataset, f"train_aug.runs.{run}")
@@ -47,8 +52,10 @@ def train_aug(run: RunOpt,
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
                             ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            loader_workers=students.loader_workers,
                             augment=(rcfg.augment, augment_tokens, augment_cache))
-    typer.echo(summary.one_line())
+    if is_main_process():
+        typer.echo(summary.one_line())
 
 
 main = entry_point(train_aug, "train-aug")

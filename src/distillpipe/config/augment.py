@@ -35,6 +35,9 @@ class AugmentConfig:
     static_kv_cache: bool
     """CUDA only: generate with a static KV cache (T5 supports it; transformers then compiles the decoding
     step). The CPU path always uses the default dynamic cache."""
+    cpu_threads: int
+    """On CPU, torch's intra-op threads while one chunk is generated, in this process and on every dask
+    worker alike: sampling follows the logits' last bits, which other thread counts can change."""
     exclude_article_splits: list[str]
     """Splits of the QA set whose articles (titles = the corpus doc_id) are left out, so no dev/test
     article leaks into training. Paragraphs that are a QA context (any split) are always left out."""
@@ -57,8 +60,8 @@ class AugmentConfig:
     seed: int
 
     def __post_init__(self) -> None:
-        if min(self.n_per_paragraph, self.max_new_tokens, self.batch_size, self.chunk_paragraphs) < 1:
-            raise ConfigError("need n_per_paragraph, max_new_tokens, batch_size, chunk_paragraphs >= 1")
+        if min(self.n_per_paragraph, self.max_new_tokens, self.batch_size, self.chunk_paragraphs, self.cpu_threads) < 1:
+            raise ConfigError("need n_per_paragraph, max_new_tokens, batch_size, chunk_paragraphs, cpu_threads >= 1")
         if self.max_source_len < 8 or self.no_repeat_ngram_size < 0 or self.min_paragraph_chars < 0:
             raise ConfigError("need max_source_len >= 8, no_repeat_ngram_size >= 0, min_paragraph_chars >= 0")
         if self.max_paragraphs is not None and self.max_paragraphs < 1:

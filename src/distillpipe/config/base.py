@@ -50,6 +50,8 @@ def load_section(path: str | Path, name: str, cls: type[T]) -> T:
 def build(tp: Any, value: Any, key: str, path: str | Path = "params.yaml") -> Any:
     """Build a value of type ``tp`` from plain YAML data, checking it strictly."""
     where = f"{path}: {key}"
+    if tp is Any:  # free-form (e.g. keyword arguments handed to a library): YAML data as it is
+        return value
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return _build_dataclass(tp, value, key, path)

@@ -131,14 +131,21 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """How training rows are read from a teacher cache (store/loader.py)."""
+    """How training rows are read from a teacher cache (store/loader.py). These decide the batches; how many
+    processes and DataLoader workers read them is a machine setting (machine.yaml ``students``)."""
 
     block_rows: int
     """Rows per read: must divide the store's shard_rows and be a multiple of its inner chunk rows (64 is safe)."""
     buffer_blocks: int
-    """Blocks shuffled together in memory."""
-    num_workers: int
-    """DataLoader worker processes (0 = in the training process)."""
+    """Blocks shuffled together in memory (a window)."""
+    streams: int
+    """Windows are dealt to this many streams; a batch is one equal slice from each. Training on N processes
+    (torchrun) needs a multiple of N: each process reads only its streams' blocks. 1 = one sequence of
+    batches from all windows."""
+
+    def __post_init__(self) -> None:
+        if min(self.block_rows, self.buffer_blocks, self.streams) < 1:
+            raise ConfigError("loader: need block_rows, buffer_blocks and streams >= 1")
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,15 @@ class TeacherCacheConfig:
     device: str
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
     batch_size: int
+    """Rows per teacher forward. Part of the store's identity: padding and kernel choice follow it."""
+    cpu_threads: int
+    """On CPU, the intra-op threads of one shard's computation (``torch.set_num_threads``), in this process
+    and on every dask worker alike. Part of the store's identity: a CPU matmul split over other thread
+    counts can round differently. (How many workers compute shards at once is a machine setting.)"""
     shard_rows: int
     """Rows per shard: the unit of work, of resume and of one writer (DESIGN: ~1,024)."""
     datasets: dict[str, TeacherCacheDatasetConfig]
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.shard_rows < 1:
-            raise ConfigError("batch_size and shard_rows must be >= 1")
+        if self.batch_size < 1 or self.shard_rows < 1 or self.cpu_threads < 1:
+            raise ConfigError("batch_size, cpu_threads and shard_rows must be >= 1")

@@ -15,6 +15,11 @@ the rest, and (batches and sampling seeds depending only on the chunk) ends with
 uninterrupted run. Filters run over all chunks at the end, so duplicates are judged globally. The
 chunk folder is a side folder (not a DVC output: DVC would delete it before re-running the stage),
 cleared once the dataset is written.
+
+Scale-out: a chunk is one dask task when the machine's cluster says so (:mod:`distillpipe.scale`): a
+worker process loads the generator once and keeps it, generates the chunk (one chunk at a time per
+process: sampling draws from the process's global RNG) and returns its questions; the driver writes
+and records the chunk files. The dataset is the same whatever the workers and the completion order.
 """
 
 from __future__ import annotations
@@ -25,8 +30,12 @@ import logging
 import os
 import random
 import shutil
+import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +49,9 @@ from distillpipe.qg import QgError
 from distillpipe.qg.filters import REASONS, filter_questions
 from distillpipe.qg.generate import GenerationStats, decoding_kwargs, generate_questions
 from distillpipe.qg.model import load_pretrained_t5, read_qg_meta, source_text
-from distillpipe.runtime import resolve_device
+from distillpipe.runtime import resolve_device, torch_threads
+from distillpipe.scale.cluster import open_client, run_tasks
+from distillpipe.scale.machine import ClusterSettings
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -218,14 +229,82 @@ class ChunkLog:
 
 
 # --------------------------------------------------------------------------------------------
+# the work: one chunk, in any process
+# --------------------------------------------------------------------------------------------
+
+CODE_MODULES = ("distillpipe.qg.augment",)
+"""The augment code (generation, filters, this module): part of the chunks' run identity, and checked on
+every worker."""
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """What a process needs to generate chunks (small and picklable)."""
+
+    qg_dir: str
+    device: str
+    gen_kwargs: dict[str, Any]
+    batch_size: int
+    max_source_len: int
+    static_kv_cache: bool
+    seed: int
+    cpu_threads: int
+    code: dict[str, str]
+
+
+_GENERATOR: tuple[tuple, Any, Any, Any] | None = None
+_GENERATOR_LOCK = threading.Lock()
+_GENERATE_LOCK = threading.Lock()
+
+
+def _generator(job: ChunkJob) -> tuple[Any, Any, Any]:
+    """This process's (model, tokenizer, device) for ``job``: loaded on first use and kept."""
+    global _GENERATOR
+    key = (job.qg_dir, job.device)
+    with _GENERATOR_LOCK:
+        if _GENERATOR is None or _GENERATOR[0] != key:
+            _GENERATOR = None
+            mine = code_digests(CODE_MODULES)
+            if mine != job.code:
+                differ = sorted(k for k in set(mine) | set(job.code) if mine.get(k) != job.code.get(k))
+                raise QgError(f"this worker runs other distillpipe code than the driver ({differ}); install the same "
+                              "version of distillpipe on every worker")
+            device = resolve_device(job.device)
+            model, tok = load_pretrained_t5(Path(job.qg_dir))
+            model.to(device)
+            _GENERATOR = (key, model, tok, device)
+        return _GENERATOR[1:]
+
+
+def generator_device(job: ChunkJob) -> str:
+    """Load the generator in this process (it is kept for the chunks to come); the device type it runs on."""
+    return _generator(job)[2].type
+
+
+def generate_chunk(job: ChunkJob, item: tuple[int, list[str]],
+                   on_batch: Callable[[int], None] | None = None) -> tuple[dict[str, Any], GenerationStats]:
+    """The questions of chunk ``item = (index, sources)`` (one dask task): ({chunk, questions, truncated,
+    device}, stats)."""
+    i, sources = item
+    model, tok, device = _generator(job)
+    with _GENERATE_LOCK, torch_threads(None if device.type == "cuda" else job.cpu_threads):
+        questions, stats = generate_questions(model, tok, sources, job.gen_kwargs, batch_size=job.batch_size,
+                                              max_source_len=job.max_source_len, device=device, seed=(job.seed, i),
+                                              static_cache=job.static_kv_cache, on_batch=on_batch)
+    return {"chunk": i, "questions": questions, "truncated": stats.truncated, "device": device.type}, stats
+
+
+# --------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------
 
 
 def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, qg_dir: str | Path,
-            cfg: AugmentConfig, out_dir: str | Path, chunks_dir: str | Path) -> AugmentSummary:
+            cfg: AugmentConfig, out_dir: str | Path, chunks_dir: str | Path,
+            cluster: ClusterSettings | None = None) -> AugmentSummary:
     """Generate questions for the selected paragraphs of ``corpus_dir`` with the generator in ``qg_dir``
-    and write them to ``out_dir`` as an unlabeled prepared QA dataset named ``name``."""
+    and write them to ``out_dir`` as an unlabeled prepared QA dataset named ``name``: in this process
+    (``cluster`` None or ``inprocess``) or as one dask task per chunk (a machine setting: the same rows)."""
     t0 = time.perf_counter()
     corpus_dir, qg_dir, out_dir, chunks_dir = map(Path, (corpus_dir, qg_dir, out_dir, chunks_dir))
     exclude_dir = Path(exclude_dir) if exclude_dir is not None else None
@@ -240,33 +319,41 @@ def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, q
     generator_sha = sha256_dir(qg_dir)
     chunk_size = cfg.chunk_paragraphs
     n_chunks = -(-len(paragraphs) // chunk_size)
-    device = resolve_device(cfg.device)
-    # A chunk is reused only by a run that would write the same questions: same generator, params, paragraphs,
-    # code (the import closure of this module: generation, filters) and device type (sampling differs by device).
-    run_id = json_sha256({"format": FORMAT_VERSION, "generator": generator_sha, "params": dataclasses.asdict(cfg),
-                          "paragraphs": json_sha256([(p.doc_id, p.text) for p in paragraphs]),
-                          "code": code_digests(["distillpipe.qg.augment"]), "device": device.type})
-    chunks = ChunkLog(chunks_dir, run_id, n_chunks)
-    todo = [i for i in range(n_chunks) if i not in chunks.done]
-    resumed = n_chunks - len(todo)
-    if resumed:
-        log.info("augment %s: resuming, %d of %d chunks already done", name, resumed, n_chunks)
-
+    gen_kwargs = decoding_kwargs(cfg.decoding, cfg.n_per_paragraph, cfg.max_new_tokens, cfg.no_repeat_ngram_size)
+    job = ChunkJob(qg_dir=str(qg_dir.resolve()), device=cfg.device, gen_kwargs=gen_kwargs, batch_size=cfg.batch_size,
+                   max_source_len=cfg.max_source_len, static_kv_cache=cfg.static_kv_cache, seed=cfg.seed,
+                   cpu_threads=cfg.cpu_threads, code=code_digests(CODE_MODULES))
+    inprocess = cluster is None or cluster.kind == "inprocess"
     stats = GenerationStats()
-    if todo:
-        model, tok = load_pretrained_t5(qg_dir)
-        model.to(device)
-        gen_kwargs = decoding_kwargs(cfg.decoding, cfg.n_per_paragraph, cfg.max_new_tokens, cfg.no_repeat_ngram_size)
+    with nullcontext() if inprocess else open_client(cluster) as client:
+        device = generator_device(job) if inprocess else client.submit(generator_device, job, pure=False).result()
+        # A chunk is reused only by a run that would write the same questions: same generator, params,
+        # paragraphs, code (generation, filters) and device type (sampling differs by device).
+        run_id = json_sha256({"format": FORMAT_VERSION, "generator": generator_sha, "params": dataclasses.asdict(cfg),
+                              "paragraphs": json_sha256([(p.doc_id, p.text) for p in paragraphs]),
+                              "code": job.code, "device": device})
+        chunks = ChunkLog(chunks_dir, run_id, n_chunks)
+        todo = [i for i in range(n_chunks) if i not in chunks.done]
+        resumed = n_chunks - len(todo)
+        if resumed:
+            log.info("augment %s: resuming, %d of %d chunks already done", name, resumed, n_chunks)
+        items = [(i, [source_text(p.text, None) for p in paragraphs[i * chunk_size:(i + 1) * chunk_size]])
+                 for i in todo]
         with tqdm(total=len(paragraphs), initial=resumed * chunk_size, desc=f"augment {name}", unit="paragraph") as bar:
-            for i in todo:
-                part = paragraphs[i * chunk_size:(i + 1) * chunk_size]
-                sources = [source_text(p.text, None) for p in part]
-                questions, s = generate_questions(model, tok, sources, gen_kwargs, batch_size=cfg.batch_size,
-                                                  max_source_len=cfg.max_source_len, device=device,
-                                                  seed=(cfg.seed, i), static_cache=cfg.static_kv_cache,
-                                                  on_batch=bar.update)
+            if inprocess:
+                done = ((item, generate_chunk(job, item, on_batch=bar.update)) for item in items)
+            else:
+                build = uuid.uuid4().hex[:8]
+                done = run_tasks(client, generate_chunk, items, retries=cluster.retries, args=(job,),
+                                 key=lambda item: f"augment-{name}-{build}-{item[0]}")
+            for (i, sources), (payload, s) in done:
+                if payload.pop("device") != device:
+                    raise QgError(f"chunk {i} was generated on {device!r} hardware by the probe but on another "
+                                  "device type by its worker: every worker of one run must use the same device type")
                 stats.add(s)
-                chunks.write(i, {"chunk": i, "questions": questions, "truncated": s.truncated})
+                chunks.write(i, payload)
+                if not inprocess:
+                    bar.update(len(sources))
 
     # Assemble in paragraph order from the chunk files (also those of this run: one code path).
     items, truncated = [], 0

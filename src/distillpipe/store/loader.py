@@ -1,4 +1,5 @@
-"""Block loader: shuffled, seeded, resumable training reads from a teacher-cache store.
+"""Block loader: shuffled, seeded, resumable training reads from a teacher-cache store, split into streams
+so that data-parallel processes each read only their own blocks.
 
 Reading rows one at a time decodes a whole inner chunk per row; this loader instead reads whole
 chunk-aligned blocks of ``block_rows`` rows and shuffles at three levels, all derived from
@@ -10,22 +11,32 @@ chunk-aligned blocks of ``block_rows`` rows and shuffles at three levels, all de
 3. the rows within a *window* of ``buffer_blocks`` consecutive blocks held in memory (a window
    is permuted with its own generator, seeded by ``(seed, epoch, window index)``).
 
-Windows are dealt round-robin to DataLoader workers (window ``w`` goes to worker
-``w % num_workers``, by worker id); each worker opens the store itself, lazily, inside ``__iter__`` (never at
-pickle time), so it works with ``spawn``/``forkserver``. PyTorch returns the workers' batches
-round-robin (skipping exhausted workers), so the sequence of batches is a pure function of
-(seed, epoch, num_workers, batch_size, block_rows, buffer_blocks): with ``num_workers=0`` it is
-the same as with one worker.
+**Streams.** The epoch's windows are dealt round-robin to ``streams`` streams (window ``w`` to stream
+``w % streams``); each stream cuts its permuted rows into sub-batches of ``batch_size / streams`` rows.
+Global batch ``t`` is the concatenation of every stream's ``t``-th sub-batch, in stream order. So the
+batches are a pure function of (seed, epoch, streams, batch_size, block_rows, buffer_blocks), and NOT of
+how many processes read them: with ``world`` data-parallel processes (``streams`` a multiple of
+``world``), process ``r`` reads only streams ``[r * streams / world, (r + 1) * streams / world)``, i.e.
+only their blocks, and its local batch is its streams' part of the global batch. An epoch ends when a
+stream runs out: with one stream after its last (possibly short) batch; with several, after the last
+step at which every stream still has a full sub-batch (the few rows left over are a different few
+each epoch).
+
+DataLoader workers only add parallelism inside a process: worker ``j`` of ``num_workers`` reads the
+process's streams ``j, j + num_workers, ...`` (so ``num_workers`` must divide the process's number of
+streams) and the process puts the sub-batches back in stream order: the batches are the same whatever
+``num_workers``. Each worker opens the store itself, lazily, inside ``__iter__`` (never at pickle time),
+so it works with ``spawn``/``forkserver``.
 
 Position: :class:`BlockLoader` counts the batches it has handed out in the current epoch;
-``state_dict()`` / ``load_state_dict()`` save and restore ``(epoch, batches_consumed)``. On
-resume each worker works out its role and how many of its batches were consumed
-(:func:`resume_plan`), skips the windows it had finished without reading them, re-reads and
-re-permutes the current window and skips its consumed rows, so a resumed run continues with
-exactly the batch an uninterrupted run would have produced next (resuming needs the same
-num_workers and sizes; this is checked).
+``state_dict()`` / ``load_state_dict()`` save and restore ``(epoch, batches_consumed)``. Streams move in
+lock step, so on resume each one skips ``batches_consumed`` sub-batches: it passes the windows it had
+finished without reading them, re-reads and re-permutes the current one and skips its consumed rows,
+so a resumed run continues with exactly the batch an uninterrupted run would have produced next
+(resuming needs the same seed, sizes and streams; this is checked).
 
-Memory per worker: ``buffer_blocks * block_rows`` rows of the requested arrays (plus one batch).
+Memory per process: one window (``buffer_blocks * block_rows`` rows of the requested arrays) per stream
+it reads, plus one batch.
 """
 
 from __future__ import annotations
@@ -44,8 +55,8 @@ from distillpipe.store.reader import TeacherStore, open_store
 log = logging.getLogger(__name__)
 
 Rows = dict[str, np.ndarray]
-Batch = tuple[Any, Rows]
-_CONFIG_KEYS = ("seed", "batch_size", "block_rows", "buffer_blocks", "num_workers", "names")
+Batch = tuple[np.ndarray, Rows]
+_CONFIG_KEYS = ("seed", "batch_size", "block_rows", "buffer_blocks", "streams", "names")
 
 
 def block_windows(
@@ -64,41 +75,30 @@ def block_windows(
     return [blocks[k : k + buffer_blocks] for k in range(0, len(blocks), buffer_blocks)]
 
 
-def resume_plan(batches_per_worker: Sequence[int], consumed: int) -> tuple[list[int], int]:
-    """Where a DataLoader stood after handing out ``consumed`` batches of an epoch.
+def stream_windows(windows: list[list[tuple[int, int]]], streams: int) -> list[list[tuple[int, list]]]:
+    """Each stream's windows, as ``(window index, blocks)``: window ``w`` goes to stream ``w % streams``."""
+    return [[(w, windows[w]) for w in range(k, len(windows), streams)] for k in range(streams)]
 
-    PyTorch returns the workers' batches round-robin (worker 0, 1, ..., skipping exhausted
-    workers). Returns (batches each worker had delivered, the worker whose batch comes next). A
-    resumed DataLoader starts its round-robin at worker 0 again, so a resumed worker ``s`` takes the
-    role of worker ``(s + next) % num_workers``: the rotated round-robin then continues the
-    original sequence exactly.
-    """
-    total = sum(batches_per_worker)
-    if not 0 <= consumed <= total:
-        raise ValueError(f"batches_consumed={consumed} is outside this epoch's {total} batches")
-    lo, hi = 0, max(batches_per_worker, default=0)
-    while lo < hi:  # largest number of full rounds r with sum(min(n, r)) <= consumed
-        mid = (lo + hi + 1) // 2
-        if sum(min(n, mid) for n in batches_per_worker) <= consumed:
-            lo = mid
-        else:
-            hi = mid - 1
-    done = [min(n, lo) for n in batches_per_worker]
-    live = [w for w, n in enumerate(batches_per_worker) if n > lo]  # workers with a batch in round lo
-    rest = consumed - sum(done)
-    for w in live[:rest]:
-        done[w] += 1
-    return done, (live[rest] if rest < len(live) else 0)
+
+def steps_per_epoch(stream_rows: Sequence[int], sub_batch: int) -> int:
+    """Global batches in an epoch whose streams hold ``stream_rows`` rows (see the module docstring)."""
+    if len(stream_rows) == 1:
+        return -(-stream_rows[0] // sub_batch)
+    return min(n // sub_batch for n in stream_rows)
+
+
+def process_streams(streams: int, rank: int, world: int) -> list[int]:
+    """The streams data-parallel process ``rank`` of ``world`` reads (a contiguous share)."""
+    per = streams // world
+    return list(range(rank * per, (rank + 1) * per))
 
 
 class BlockDataset(torch.utils.data.IterableDataset):
-    """One epoch of shuffled rows from a store, as an IterableDataset (use with ``batch_size=None``
-    in the DataLoader: it yields ready batches). Most users want :class:`BlockLoader`.
+    """One epoch of one process's part of the global batches, as an IterableDataset (use with
+    ``batch_size=None`` in the DataLoader). Most users want :class:`BlockLoader`.
 
-    Yields ``(row_index, arrays)``: with ``batch_size`` an int, ``row_index`` is the (B,) int64
-    array of the store's ``row_index`` (rows of the tokens dataset) and ``arrays`` maps each name to
-    a (B, ...) array; with ``batch_size=None`` single rows (an int and (...) arrays). Each worker's
-    last batch of an epoch may be short.
+    Yields, per step, the list of this worker's sub-batches (one per stream it reads, in stream order),
+    each a dict of ``row_index`` (the tokens rows) and the requested arrays.
     """
 
     def __init__(
@@ -108,19 +108,30 @@ class BlockDataset(torch.utils.data.IterableDataset):
         *,
         block_rows: int,
         buffer_blocks: int,
-        batch_size: int | None,
+        batch_size: int,
         seed: int,
         expected: Manifest | Mapping[str, Any] | None,
+        streams: int,
+        rank: int = 0,
+        world: int = 1,
     ):
         super().__init__()
-        if block_rows < 1 or buffer_blocks < 1 or (batch_size is not None and batch_size < 1) or seed < 0:
+        if min(block_rows, buffer_blocks, batch_size, streams, world) < 1 or seed < 0 or not 0 <= rank < world:
             raise ValueError(
-                f"need block_rows, buffer_blocks, batch_size >= 1 and seed >= 0, got {block_rows}, "
-                f"{buffer_blocks}, {batch_size}, {seed}"
+                f"need block_rows, buffer_blocks, batch_size, streams, world >= 1, seed >= 0 and 0 <= rank < world, "
+                f"got {block_rows}, {buffer_blocks}, {batch_size}, {streams}, {world}, {seed}, {rank}"
             )
+        if batch_size % streams:
+            raise ValueError(f"batch_size={batch_size} must be a multiple of loader.streams={streams}: every stream "
+                             "gives the same number of rows to a batch")
+        if streams % world:
+            raise ValueError(f"loader.streams={streams} must be a multiple of the {world} training processes: each "
+                             "process reads whole streams (set streams to a multiple of the process count)")
         self.store_path = str(store_path)
         self.names = tuple(names)
         self.block_rows, self.buffer_blocks, self.batch_size, self.seed = block_rows, buffer_blocks, batch_size, seed
+        self.streams, self.rank, self.world = streams, rank, world
+        self.sub_batch = batch_size // streams
         self.expected = expected
         self.epoch = 0
         self.batches_consumed = 0
@@ -152,54 +163,54 @@ class BlockDataset(torch.utils.data.IterableDataset):
                 f"inner chunk rows ({chunk_rows}) of {list(self.names)}, so that blocks are chunk-aligned"
             )
 
-    def batches_per_worker(self, num_workers: int, epoch: int) -> list[int]:
-        """Batches each of ``num_workers`` workers yields in ``epoch`` (no data I/O)."""
+    def plan(self, epoch: int) -> tuple[list[list[tuple[int, list]]], int]:
+        """(each stream's windows, global batches) of ``epoch``: no data I/O."""
         windows = block_windows(self.store().manifest, self.block_rows, self.buffer_blocks, self.seed, epoch)
-        unit = self.batch_size or 1
-        out = []
-        for w in range(max(1, num_workers)):
-            rows = sum(b - a for window in windows[w :: max(1, num_workers)] for a, b in window)
-            out.append(-(-rows // unit))
-        return out
+        if len(windows) < self.streams:
+            raise ValueError(f"loader.streams={self.streams} is more than the {len(windows)} windows of "
+                             f"buffer_blocks x block_rows = {self.buffer_blocks * self.block_rows} rows in "
+                             f"{self.store_path}: lower streams or buffer_blocks")
+        per_stream = stream_windows(windows, self.streams)
+        rows = [sum(b - a for _, blocks in ws for a, b in blocks) for ws in per_stream]
+        return per_stream, steps_per_epoch(rows, self.sub_batch)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __len__(self) -> int:
+        return self.plan(self.epoch)[1]
+
+    def __iter__(self) -> Iterator[list[Rows]]:
         info = torch.utils.data.get_worker_info()
         slot, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        mine = process_streams(self.streams, self.rank, self.world)[slot::n_workers]
+        per_stream, steps = self.plan(self.epoch)
+        skip = self.batches_consumed
+        iters = [self._sub_batches(per_stream[k], skip) for k in mine]
+        for _ in range(skip, steps):
+            yield [next(it) for it in iters]
+
+    def _sub_batches(self, windows: list[tuple[int, list]], skip: int) -> Iterator[Rows]:
+        """One stream's sub-batches from the ``skip``-th on: windows already consumed are passed unread."""
         store = self.store()
-        windows = block_windows(store.manifest, self.block_rows, self.buffer_blocks, self.seed, self.epoch)
-        unit = self.batch_size or 1
-        done, first = resume_plan(self.batches_per_worker(n_workers, self.epoch), self.batches_consumed)
-        worker = (slot + first) % n_workers  # the role this process plays (see resume_plan)
-        skip_rows = done[worker] * unit
         names = tuple(dict.fromkeys(("row_index", *self.names)))
-        pending: list[dict[str, np.ndarray]] = []
+        size = self.sub_batch
+        skip_rows = skip * size
+        pending: list[Rows] = []
         n_pending = 0
-        for w in range(worker, len(windows), n_workers):
-            window = windows[w]
-            n_rows = sum(b - a for a, b in window)
+        for w, blocks in windows:
+            n_rows = sum(b - a for a, b in blocks)
             if skip_rows >= n_rows:
                 skip_rows -= n_rows
                 continue
-            parts = [store.read(names, a, b) for a, b in window]
+            parts = [store.read(names, a, b) for a, b in blocks]
             data = {n: np.concatenate([p[n] for p in parts]) for n in names}
             order = np.random.default_rng([self.seed, self.epoch, w]).permutation(n_rows)[skip_rows:]
             skip_rows = 0
-            data = {n: v[order] for n, v in data.items()}
-            pending.append(data)
+            pending.append({n: v[order] for n, v in data.items()})
             n_pending += len(order)
-            while n_pending >= unit:
-                batch, pending, n_pending = _take(pending, unit)
-                yield self._emit(batch)
-        if n_pending:
-            batch, pending, n_pending = _take(pending, n_pending)
-            yield self._emit(batch)
-
-    def _emit(self, batch: dict[str, np.ndarray]) -> Batch:
-        rows = batch["row_index"]
-        arrays = {n: batch[n] for n in self.names}
-        if self.batch_size is None:
-            return int(rows[0]), {n: v[0] for n, v in arrays.items()}
-        return rows, arrays
+            while n_pending >= size:
+                batch, pending, n_pending = _take(pending, size)
+                yield batch
+        if n_pending:  # the short last sub-batch (used only when there is one stream)
+            yield _take(pending, n_pending)[0]
 
 
 def _take(pending: list[Rows], n: int) -> tuple[Rows, list[Rows], int]:
@@ -225,13 +236,14 @@ def _identity(x: Any) -> Any:
 
 
 class BlockLoader:
-    """Iterable over one epoch of batches per ``for`` loop, with a resumable position.
+    """Iterable over one epoch of this process's batches per ``for`` loop, with a resumable position.
 
-    ``for batch in loader`` runs the rest of the current epoch (from the restored position) and
-    then advances ``loader.epoch``. Batches are numpy arrays (``torch.from_numpy`` them; zero-copy).
-    With ``num_workers > 0`` a torch DataLoader runs :class:`BlockDataset` in worker processes
-    started with ``multiprocessing_context`` ("spawn" when None, as DESIGN.md asks; "forkserver"
-    works too); each worker opens the store itself.
+    ``for rows, arrays in loader`` runs the rest of the current epoch (from the restored position) and
+    then advances ``loader.epoch``. ``rows`` is the (B,) int64 array of the store's ``row_index`` (rows of
+    the tokens dataset), ``arrays`` maps each name to a (B, ...) numpy array (``torch.from_numpy`` them;
+    zero-copy); B is ``batch_size * (streams this process reads) / streams``. With ``num_workers > 0`` a
+    torch DataLoader runs :class:`BlockDataset` in worker processes started with ``multiprocessing_context``
+    ("spawn" when None, as DESIGN.md asks; "forkserver" works too); each worker opens the store itself.
     """
 
     def __init__(
@@ -243,23 +255,30 @@ class BlockLoader:
         buffer_blocks: int,
         seed: int,
         expected: Manifest | Mapping[str, Any] | None,
-        batch_size: int | None,
+        batch_size: int,
+        streams: int = 1,
         num_workers: int = 0,
+        rank: int = 0,
+        world: int = 1,
         multiprocessing_context: str | None = None,
     ):
         self.dataset = BlockDataset(
             store_path, names, block_rows=block_rows, buffer_blocks=buffer_blocks, batch_size=batch_size,
-            seed=seed, expected=expected,
+            seed=seed, expected=expected, streams=streams, rank=rank, world=world,
         )  # fmt: skip
-        self.dataset.store()  # validate manifest, names and alignment here, before spawning workers
+        mine = streams // world
+        if num_workers < 0 or (num_workers and mine % num_workers):
+            raise ValueError(f"loader.num_workers={num_workers} must be 0 or divide the {mine} stream(s) each "
+                             f"training process reads (streams {streams} / {world} processes)")
+        self.dataset.plan(0)  # validate manifest, names, alignment and streams here, before spawning workers
         self.num_workers = num_workers
         self.multiprocessing_context = (multiprocessing_context or "spawn") if num_workers else None
         self.epoch = 0
         self.batches_consumed = 0
 
     def __len__(self) -> int:
-        """Batches in the current epoch."""
-        return sum(self.dataset.batches_per_worker(self.num_workers, self.epoch))
+        """Batches in the current epoch (the same in every process)."""
+        return self.dataset.plan(self.epoch)[1]
 
     def set_epoch(self, epoch: int) -> None:
         """Jump to the start of ``epoch``."""
@@ -277,9 +296,17 @@ class BlockLoader:
             # RNG, shifting the dropout stream of the training run by one draw per epoch (and resume)
             generator=torch.Generator().manual_seed(self.dataset.seed),
         )
-        for batch in loader:
+        n = max(1, self.num_workers)
+        parts: list[list[Rows]] = []
+        for part in loader:  # the workers' parts of one step arrive round-robin, worker 0 first
+            parts.append(part)
+            if len(parts) < n:
+                continue
+            subs = [parts[i % n][i // n] for i in range(sum(len(p) for p in parts))]  # back in stream order
+            parts = []
+            batch = subs[0] if len(subs) == 1 else {k: np.concatenate([s[k] for s in subs]) for k in subs[0]}
             self.batches_consumed += 1  # counted before the caller sees it: a state saved now includes it
-            yield batch
+            yield batch["row_index"], {name: batch[name] for name in self.dataset.names}
         self.epoch += 1
         self.batches_consumed = 0
 
@@ -292,7 +319,7 @@ class BlockLoader:
             "batch_size": d.batch_size,
             "block_rows": d.block_rows,
             "buffer_blocks": d.buffer_blocks,
-            "num_workers": self.num_workers,
+            "streams": d.streams,
             "names": list(d.names),
         }
 

@@ -28,9 +28,12 @@ was killed and resumed produces the same files as one that never stopped.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,15 +42,18 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.storage import MemoryStore
 
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete, diff_manifests
 from distillpipe.store.schema import ArraySpec, array_layout
 from distillpipe.store.shards import (
-    build_marker,
+    PARTIAL_SUFFIX,
     marked_shards,
+    marker_path,
     remove_partials,
     remove_shard,
+    shard_key,
     tree_bytes,
     verify_shards,
     write_marker,
@@ -135,9 +141,21 @@ class StoreWriter:
             self.record(new)
         return new
 
+    def drop_unmarked(self) -> list[int]:
+        """Un-record completed shards whose marker is gone (a lost worker's late attempt at a shard removes
+        its marker first and may die before writing its own); returns them, now pending again."""
+        marked = set(marked_shards(self.root, self.manifest.n_shards))
+        gone = [i for i in self.manifest.completed_shards if i not in marked]
+        if gone:
+            self._save(self.manifest.with_completed(set(self.manifest.completed_shards) - set(gone)))
+        return gone
+
     def finalize(self) -> StoreSummary:
-        """Check that every shard is complete, write the final manifest, log and return a summary."""
+        """Check that every shard is complete (recorded and marked), remove leftovers of killed writes,
+        write the final manifest, release the lock, log and return a summary."""
         self.refresh()
+        self.drop_unmarked()
+        remove_partials(self.root)
         if not self.manifest.complete:
             raise StoreIncomplete(str(self.root), len(self.manifest.completed_shards), self.manifest.n_shards)
         self._save(self.manifest)
@@ -226,32 +244,78 @@ def write_shard(
     shard. ``arrays`` maps each array name of the store's layout to that shard's rows
     ``[i * shard_rows, min(N, (i + 1) * shard_rows))``; floats are cast to the stored float dtype
     (float32 -> float16), integers to the stored integer dtype when every value fits (int32 ids ->
-    uint16), anything else is refused. ``on_array_written(name,
-    nbytes)`` is called after each array (progress bars). Holds the shard in memory twice at most
-    (the input and Zarr's encoded shard). Any old marker and files of the shard are removed first,
-    so a killed writer leaves the shard pending.
+    uint16), anything else is refused. ``on_array_written(name, nbytes)`` is called after each array
+    (progress bars).
+
+    Safe against a kill at any point and against a second attempt at the same shard running at once
+    (a lost dask worker that comes back): the shard's marker is removed first, each array's shard file
+    is encoded in memory with the store's own metadata and published with ``os.replace`` (a reader sees
+    the old file or the new one, never a mix), and the marker is written last, from the bytes
+    published. Two attempts compute the same bytes (same code, inputs and compute settings, which the
+    manifest pins), so whichever file lands last, the files and the marker agree. Holds the shard in
+    memory twice at most (the input and its encoded files).
     """
     root = Path(store_path)
-    group = zarr.open_group(str(root), mode="r+")
+    group = zarr.open_group(str(root), mode="r")
     manifest = Manifest.from_dict(group.attrs[MANIFEST_KEY])
     layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
     start, stop = manifest.shard_rows_range(int(shard_index))
     data = _checked_arrays(layout, arrays, start, stop, manifest.signals.max_seq_len, shard_index)
-    remove_shard(root, layout, shard_index)
+    marker_path(root, shard_index).unlink(missing_ok=True)  # a kill from here on leaves the shard pending
+    files: dict[str, dict[str, Any] | None] = {}
     for spec in layout:
-        group[spec.name][start:stop] = data[spec.name]
+        key = shard_key(spec, shard_index)
+        encoded = _encode_shard(group[spec.name].metadata, spec, data[spec.name], start, stop, key)
+        files[key] = _publish(root / key, encoded)
         if on_array_written is not None:
             on_array_written(spec.name, data[spec.name].nbytes)
-    marker = build_marker(root, layout, shard_index, (start, stop))
+    marker = {"shard": int(shard_index), "rows": [start, stop], "files": files}
     write_marker(root, marker)
     log.debug("shard %d (rows %d-%d) written", shard_index, start, stop)
     return marker
+
+
+def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, stop: int, key: str) -> bytes | None:
+    """The bytes Zarr stores for one shard of one array (None: every inner chunk is the fill value, so
+    Zarr writes no file), encoded in memory by an array with the store's exact metadata."""
+    scratch: dict[str, Any] = {}
+    array = zarr.create_array(MemoryStore(scratch), name=spec.name, shape=spec.shape, chunks=spec.chunks,
+                              shards=spec.shards, dtype=spec.dtype, compressors=_compressors(),
+                              fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
+                              dimension_names=spec.dimension_names)
+    if array.metadata.to_dict() != metadata.to_dict():  # never encode with codecs the store was not made with
+        raise RuntimeError(f"{spec.name}: the store's array metadata differ from this code's layout")
+    array[start:stop] = rows
+    buffer = scratch.get(key)
+    return None if buffer is None else buffer.to_bytes()
+
+
+def _publish(path: Path, data: bytes | None) -> dict[str, Any] | None:
+    """Put ``data`` at ``path`` atomically (temp file + ``os.replace``), or remove ``path`` for None;
+    return the file's marker record ({size, sha256} or None)."""
+    if data is None:
+        path.unlink(missing_ok=True)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def store_manifest(store_path: str | Path) -> Manifest:
     """The manifest of the store at ``store_path`` as it is now, unchecked: for shard writers in other
     processes while the driver holds the lock (readers use :func:`distillpipe.store.reader.open_store`)."""
     return Manifest.from_dict(zarr.open_group(str(store_path), mode="r").attrs[MANIFEST_KEY])
+
+
+def _compressors() -> tuple[Any, ...]:
+    """Blosc zstd, then a crc32c of the compressed bytes (checked whenever the chunk is read)."""
+    return (BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE), Crc32cCodec())
 
 
 def _checked_arrays(
@@ -301,7 +365,7 @@ def _create(root: Path, manifest: Manifest) -> None:
             chunks=spec.chunks,
             shards=spec.shards,
             dtype=spec.dtype,
-            compressors=(BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE), Crc32cCodec()),
+            compressors=_compressors(),
             fill_value=spec.fill_value,
             chunk_key_encoding=CHUNK_KEY_ENCODING,
             dimension_names=spec.dimension_names,

@@ -1,23 +1,31 @@
 """The ``teacher_cache`` stage's driver: run the teacher once over a tokens split and store its signals.
 
-The unit of work is a shard of ``shard_rows`` consecutive rows, computed by
-:func:`distillpipe.teacher.shard.compute_shard` and written by
-:func:`distillpipe.store.writer.write_shard`. The driver takes the store's lock (one writer per
-store), creates or resumes the store against a manifest that names everything that decides its
-bytes (teacher weights and tokenizer, tokens content, split, signals, compute precision and batch
-size, and the producing code), runs the pending shards in order and hands each to a writer thread,
-so encoding and disk I/O of shard i overlap the teacher's compute of shard i+1. Fanning shards out
-over processes or dask workers is the same two calls per shard, with the driver folding completion
-markers into the manifest (``StoreWriter.refresh``).
+The unit of work is a shard of ``shard_rows`` consecutive rows: :func:`cache_shard` computes it
+(:func:`distillpipe.teacher.shard.compute_shard`) and writes its files and completion marker itself
+(:func:`distillpipe.store.writer.write_shard`). It runs in this process (``cluster.kind: inprocess``,
+where the next shard's compute overlaps the previous shard's writing) or as one dask task per shard on
+the machine's cluster (:mod:`distillpipe.scale.cluster`); a worker process loads the teacher once and
+keeps it for every shard it gets.
+
+The driver holds the store's lock (one writer per store), first asks a worker (or this process) how it
+loads the teacher, builds the manifest from the answer (teacher weights and tokenizer, tokens content,
+split, signals, compute precision and batch size, the producing code), creates or resumes the store,
+hands out the pending shards and folds their markers into the manifest. A worker refuses a shard when
+its code or compute settings differ from the manifest's, so a store never mixes them. The bytes are
+the same whatever the number of workers and the order in which shards finish.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -27,10 +35,12 @@ from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError
 from distillpipe.identity import code_digests
-from distillpipe.runtime import resolve_device
+from distillpipe.runtime import torch_threads
+from distillpipe.scale.cluster import open_client, run_tasks
+from distillpipe.scale.machine import ClusterSettings
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.schema import SignalSpec
-from distillpipe.store.writer import StoreSummary, create_or_resume
+from distillpipe.store.writer import StoreSummary, StoreWriter, create_or_resume, write_shard
 from distillpipe.teacher.capture import CaptureRequest, signal_names, teacher_head
 from distillpipe.teacher.load import load_teacher
 from distillpipe.teacher.shard import compute_shard
@@ -39,8 +49,11 @@ log = logging.getLogger(__name__)
 
 PRODUCER_MODULES = ("distillpipe.teacher.shard", "distillpipe.store.writer")
 """Computing a shard and encoding it: their import closure decides the bytes. How the teacher was loaded
-is recorded by its effect (:func:`compute_settings`), and the driver (this module: which shards, threads,
+is recorded by its effect (:func:`compute_settings`), and the driver (this module: which shards, workers,
 progress) is left out: it cannot change a stored byte, and at scale a rebuild costs GPU hours."""
+MAX_ROUNDS = 3
+"""Rounds of resubmitting shards that finished without a marker (a lost worker's late second attempt can
+remove the marker of the first one and then die before writing its own)."""
 
 
 class TeacherCacheError(UserError, ValueError):
@@ -52,24 +65,134 @@ def producer_code() -> dict[str, str]:
     return code_digests(PRODUCER_MODULES)
 
 
-def compute_settings(model: torch.nn.Module, batch_size: int) -> dict[str, object]:
+def compute_settings(model: torch.nn.Module, batch_size: int, cpu_threads: int) -> dict[str, object]:
     """How the values are computed (the manifest's ``compute``): the precision (bf16 autocast on CUDA, fp32 on
     CPU: :func:`distillpipe.runtime.autocast`), the attention kernel and weight dtype the teacher was loaded
-    with, and the batch size (padding and kernel choice follow it)."""
+    with, the batch size (padding and kernel choice follow it) and, on CPU, the threads of one computation
+    (a matmul split over other thread counts can round differently: measured on the tiny test teacher)."""
     param = next(model.parameters())
-    return {"precision": "bf16-autocast" if param.device.type == "cuda" else "fp32",
+    cuda = param.device.type == "cuda"
+    return {"precision": "bf16-autocast" if cuda else "fp32",
             "attn_implementation": str(model.config._attn_implementation), "weights_dtype": str(param.dtype),
-            "batch_size": int(batch_size)}
+            "batch_size": int(batch_size), "cpu_threads": None if cuda else int(cpu_threads)}
 
 
-def signal_spec(cfg: TeacherCacheDatasetConfig, model: torch.nn.Module, tokens_meta: dict, rows) -> SignalSpec:
+# --------------------------------------------------------------------------------------------
+# the work: one shard, in any process
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything a process needs to compute and write shards of one store (small and picklable)."""
+
+    store: str
+    tokens_dir: str
+    split: str
+    teacher_dir: str
+    head: str
+    device: str
+    """As configured (``auto`` is resolved by each worker: its own GPU on a dask-cuda worker)."""
+    batch_size: int
+    cpu_threads: int
+    pad_id: int
+    code: dict[str, str]
+    """The driver's producer code: a worker with other code refuses to compute."""
+    n_rows: int = 0
+    shard_rows: int = 1
+    spec: SignalSpec | None = None
+    compute: dict[str, Any] | None = None
+    """The manifest's compute settings: a worker that would compute otherwise refuses."""
+
+
+@dataclass(frozen=True)
+class TeacherFacts:
+    """What the store's manifest and signal spec need to know about the teacher, as a worker loads it."""
+
+    config: dict[str, Any]
+    head: str
+    num_labels: int
+    vocab_size: int
+    hidden_size: int
+    n_heads: int
+    compute: dict[str, Any]
+    device: str
+
+
+@dataclass
+class _Loaded:
+    key: tuple
+    model: torch.nn.Module
+    rows: Any
+    facts: TeacherFacts
+    lock: threading.Lock
+    """One capture at a time per teacher: capture hooks the model, so threads must not share it at once."""
+
+
+_LOADED: _Loaded | None = None
+_LOADED_LOCK = threading.Lock()
+
+
+def _loaded(job: ShardJob) -> _Loaded:
+    """This process's teacher and tokens for ``job``, loaded on first use and kept (one teacher per
+    process: another job's replaces it)."""
+    global _LOADED
+    from datasets import load_from_disk
+
+    key = (job.teacher_dir, job.head, job.device, job.tokens_dir, job.split, job.batch_size, job.cpu_threads)
+    with _LOADED_LOCK:
+        if _LOADED is None or _LOADED.key != key:
+            _LOADED = None  # free the previous teacher before loading the next one
+            mine = producer_code()
+            if mine != job.code:
+                differ = sorted(k for k in set(mine) | set(job.code) if mine.get(k) != job.code.get(k))
+                raise TeacherCacheError(f"this worker runs other distillpipe code than the driver ({differ}); "
+                                        "install the same version of distillpipe on every worker")
+            model, _ = load_teacher(job.teacher_dir, job.head, job.device)
+            mc = model.config
+            facts = TeacherFacts(config=mc.to_diff_dict(), head=teacher_head(model), num_labels=int(mc.num_labels),
+                                 vocab_size=int(mc.vocab_size), hidden_size=int(mc.hidden_size),
+                                 n_heads=int(mc.num_attention_heads),
+                                 compute=compute_settings(model, job.batch_size, job.cpu_threads),
+                                 device=str(next(model.parameters()).device))
+            rows = load_from_disk(job.tokens_dir)[job.split]
+            _LOADED = _Loaded(key, model, rows, facts, threading.Lock())
+        return _LOADED
+
+
+def teacher_facts(job: ShardJob) -> TeacherFacts:
+    """Load the teacher in this process (it is kept for the shards to come) and describe it."""
+    return _loaded(job).facts
+
+
+def compute_job_shard(job: ShardJob, i: int) -> dict[str, Any]:
+    """The arrays of shard ``i`` of ``job``'s store, computed in this process."""
+    state = _loaded(job)
+    if job.compute != state.facts.compute:
+        raise TeacherCacheError(f"this worker would compute shard {i} with {state.facts.compute}, but the store's "
+                                f"manifest says {job.compute}: every worker of one build must use the same device "
+                                "type and batch size")
+    start, stop = i * job.shard_rows, min(job.n_rows, (i + 1) * job.shard_rows)
+    with state.lock, torch_threads(job.compute["cpu_threads"]):
+        return compute_shard(state.model, state.rows, start, stop, job.spec, job.batch_size, job.pad_id)
+
+
+def cache_shard(job: ShardJob, i: int) -> dict[str, Any]:
+    """Compute shard ``i`` and write its files and marker (one dask task); returns the marker."""
+    return write_shard(job.store, i, compute_job_shard(job, i))
+
+
+# --------------------------------------------------------------------------------------------
+# the driver
+# --------------------------------------------------------------------------------------------
+
+
+def signal_spec(cfg: TeacherCacheDatasetConfig, facts: TeacherFacts, tokens_meta: dict, rows) -> SignalSpec:
     """The store's signal spec for ``cfg`` on this teacher and these tokens."""
-    mc = model.config
     s = cfg.signals
-    head = teacher_head(model)
     task = "none"
     if s.logits:
-        task = "qa" if head == "qa" else "classification"
+        task = "qa" if facts.head == "qa" else "classification"
     max_masked = 0
     if s.mlm_topk:
         if "masked_positions" not in rows.column_names:
@@ -78,12 +201,12 @@ def signal_spec(cfg: TeacherCacheDatasetConfig, model: torch.nn.Module, tokens_m
         max_masked = max((len(p) for p in rows["masked_positions"]), default=0)
     return SignalSpec(
         max_seq_len=int(tokens_meta["max_seq_len"]), pool=s.pool, task=task,
-        n_classes=int(mc.num_labels) if task == "classification" else 0,
-        vocab_size=int(mc.vocab_size), mlm_topk=s.mlm_topk, mlm_max_masked=max_masked,
-        hidden_layers=tuple(s.hidden_layers), hidden_size=int(mc.hidden_size),
-        attn_layers=tuple(s.attn_layers), n_heads=int(mc.num_attention_heads),
+        n_classes=facts.num_labels if task == "classification" else 0,
+        vocab_size=facts.vocab_size, mlm_topk=s.mlm_topk, mlm_max_masked=max_masked,
+        hidden_layers=tuple(s.hidden_layers), hidden_size=facts.hidden_size,
+        attn_layers=tuple(s.attn_layers), n_heads=facts.n_heads,
         attn_probs_layers=tuple(s.attn_layers) if s.attn_probs else (),
-        embedding_size=int(mc.hidden_size) if s.embeddings else 0,
+        embedding_size=facts.hidden_size if s.embeddings else 0,
     )
 
 
@@ -104,8 +227,11 @@ class CacheSummary:
 
 
 def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Path, cfg: TeacherCacheDatasetConfig,
-                        device: str, batch_size: int, shard_rows: int, out: str | Path) -> CacheSummary:
-    """Create or resume ``out`` and compute every shard not yet complete."""
+                        device: str, batch_size: int, shard_rows: int, out: str | Path, *, cpu_threads: int,
+                        cluster: ClusterSettings | None = None) -> CacheSummary:
+    """Create or resume ``out`` and compute every shard not yet complete: in this process (``cluster`` None or
+    ``inprocess``) or as one dask task per shard on the cluster (a machine setting, never a param: it changes
+    no byte)."""
     from datasets import load_from_disk
 
     t0 = time.time()
@@ -121,47 +247,89 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
         raise TeacherCacheError(
             f"{tokens_dir} was tokenized with another tokenizer ({meta['tokenizer']['spec']}) than the teacher in "
             f"{teacher_dir} uses; set tokenize.tokenizer to this teacher and re-run tokenize")
-    dev = resolve_device(device)
-    model, _ = load_teacher(teacher_dir, cfg.head, dev)
-    spec = signal_spec(cfg, model, meta, rows)
-    manifest = Manifest(
-        teacher=TeacherInfo(name=teacher_dir.name, weights_sha256=weights_sha256(teacher_dir),
-                            tokenizer_sha256=tok_sha, config=model.config.to_diff_dict()),
-        tokens_fingerprint=meta["fingerprint"], split=cfg.split, signals=spec,
-        compute=compute_settings(model, batch_size), code=producer_code(), n_rows=len(rows), shard_rows=shard_rows)
-    writer = create_or_resume(out, manifest)
-    pending = writer.pending_shards()
-    n_shards = manifest.n_shards
-    if len(pending) < n_shards:
-        log.info("resuming %s: %d of %d shards already complete", out, n_shards - len(pending), n_shards)
-    log.info("caching %s for %s on %s: %s",
-             ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), teacher_head(model))),
-             name, next(model.parameters()).device, f"{len(pending)} shards of {shard_rows} rows to compute")
-
-    pad_id = int(meta["tokenizer"]["pad_id"])
-    computed = 0
-    bar = tqdm(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
-    written_mb = 0.0
-    t_compute = time.time()
-    with writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as pool:
-        in_flight: Future | None = None
-        for i in pending:
-            start, stop = manifest.shard_rows_range(i)
-            arrays = compute_shard(model, rows, start, stop, spec, batch_size, pad_id)
-            if in_flight is not None:
-                in_flight.result()  # at most one shard waits in memory while the next computes
-            in_flight = pool.submit(writer.write_shard, i, arrays)
-            computed += stop - start
-            written_mb += sum(a.nbytes for a in arrays.values()) / 2**20
-            bar.update(stop - start)
-            bar.set_postfix(MB=f"{written_mb:.0f}")
-        if in_flight is not None:
-            in_flight.result()
-        bar.close()
-        seconds = time.time() - t_compute
-        summary = writer.finalize()
+    job = ShardJob(store=str(out.resolve()), tokens_dir=str(tokens_dir.resolve()), split=cfg.split,
+                   teacher_dir=str(teacher_dir.resolve()), head=cfg.head, device=device, batch_size=batch_size,
+                   cpu_threads=cpu_threads, pad_id=int(meta["tokenizer"]["pad_id"]), code=producer_code())
+    inprocess = cluster is None or cluster.kind == "inprocess"
+    with nullcontext() if inprocess else open_client(cluster) as client:
+        facts = teacher_facts(job) if inprocess else client.submit(teacher_facts, job, pure=False).result()
+        spec = signal_spec(cfg, facts, meta, rows)
+        manifest = Manifest(
+            teacher=TeacherInfo(name=teacher_dir.name, weights_sha256=weights_sha256(teacher_dir),
+                                tokenizer_sha256=tok_sha, config=facts.config),
+            tokens_fingerprint=meta["fingerprint"], split=cfg.split, signals=spec, compute=facts.compute,
+            code=job.code, n_rows=len(rows), shard_rows=shard_rows)
+        job = replace(job, n_rows=len(rows), shard_rows=shard_rows, spec=spec, compute=facts.compute)
+        with create_or_resume(out, manifest) as writer:
+            pending = writer.pending_shards()
+            n_shards = manifest.n_shards
+            if len(pending) < n_shards:
+                log.info("resuming %s: %d of %d shards already complete", out, n_shards - len(pending), n_shards)
+            where = "this process" if inprocess else f"dask cluster ({cluster.kind})"
+            log.info("caching %s for %s on %s, %s: %d shards of %d rows to compute",
+                     ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), facts.head)), name, facts.device,
+                     where, len(pending), shard_rows)
+            bar = tqdm(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
+            progress = _Progress(bar, manifest)
+            t_compute = time.time()
+            if inprocess:
+                _run_inprocess(job, pending, writer, progress)
+            else:
+                _run_on_cluster(client, job, name, pending, writer, progress, cluster.retries)
+            bar.close()
+            seconds = time.time() - t_compute
+            summary = writer.finalize()
     log.debug("teacher_cache %s done in %.1f s", name, time.time() - t0)
-    return CacheSummary(name, summary, computed, seconds)
+    return CacheSummary(name, summary, progress.rows, seconds)
+
+
+class _Progress:
+    """Rows and MB written so far, on the progress bar."""
+
+    def __init__(self, bar: Any, manifest: Manifest):
+        self.bar, self.manifest, self.rows, self.bytes = bar, manifest, 0, 0
+
+    def done(self, i: int, marker: dict[str, Any]) -> None:
+        n = _rows(self.manifest, i)
+        self.rows += n
+        self.bytes += sum(rec["size"] for rec in marker["files"].values() if rec)
+        self.bar.update(n)
+        self.bar.set_postfix(MB=f"{self.bytes / 2**20:.0f}")
+
+
+def _run_inprocess(job: ShardJob, pending: list[int], writer: StoreWriter, progress: _Progress) -> None:
+    """Compute shard i+1 while a thread encodes and writes shard i (at most one shard waits in memory)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as pool:
+        in_flight: tuple[int, Future] | None = None
+        for i in pending:
+            arrays = compute_job_shard(job, i)
+            if in_flight is not None:
+                _record(writer, progress, in_flight[0], in_flight[1].result())
+            in_flight = (i, pool.submit(write_shard, job.store, i, arrays))
+        if in_flight is not None:
+            _record(writer, progress, in_flight[0], in_flight[1].result())
+
+
+def _run_on_cluster(client: Any, job: ShardJob, name: str, pending: list[int], writer: StoreWriter,
+                    progress: _Progress, retries: int) -> None:
+    """One task per shard; then any shard that finished without a marker is submitted again."""
+    build = uuid.uuid4().hex[:8]  # task keys unique to this build: a long-lived scheduler remembers old ones
+    todo = list(pending)
+    for attempt in range(MAX_ROUNDS):
+        for i, marker in run_tasks(client, cache_shard, todo, retries=retries, args=(job,),
+                                   key=lambda i: f"teacher_cache-{name}-{build}-{attempt}-{i}"):
+            _record(writer, progress, i, marker)
+        writer.refresh()
+        todo = writer.drop_unmarked()
+        if not todo:
+            return
+        log.warning("teacher_cache %s: shards %s finished without a marker (a lost worker's late attempt removed "
+                    "it); computing them again", name, todo)
+
+
+def _record(writer: StoreWriter, progress: _Progress, i: int, marker: dict[str, Any]) -> None:
+    writer.record([i])
+    progress.done(i, marker)
 
 
 def _rows(manifest: Manifest, i: int) -> int:

@@ -62,7 +62,10 @@ class Source:
     """One (tokens, teacher cache) pair; ``loader`` iterates the cache's rows in seeded shuffled blocks."""
 
     def __init__(self, name: str, tokens_dir: str | Path, store_path: str | Path, names: Sequence[str], *,
-                 batch_size: int, seed: int, block_rows: int, buffer_blocks: int, num_workers: int):
+                 batch_size: int, seed: int, block_rows: int, buffer_blocks: int, streams: int,
+                 num_workers: int = 0, rank: int = 0, world: int = 1):
+        """``batch_size`` is the global batch; this process (``rank`` of ``world``) gets its streams' part of it,
+        read by ``num_workers`` DataLoader workers (see :mod:`distillpipe.store.loader`)."""
         from datasets import load_from_disk
 
         tokens_dir, store_path = Path(tokens_dir), Path(store_path)
@@ -84,9 +87,13 @@ class Source:
         self.info = SourceInfo(name=name, kind=meta["kind"], task_type=meta["task_type"],
                                labeled=bool(meta.get("labeled", True)), signals=store.manifest.signals, meta=meta)
         self.pad_id = int(meta["tokenizer"]["pad_id"])
-        self.loader = BlockLoader(store_path, list(dict.fromkeys(["length", *names])), block_rows=block_rows,
-                                  buffer_blocks=buffer_blocks, seed=seed, expected=expected, batch_size=batch_size,
-                                  num_workers=num_workers)
+        try:
+            self.loader = BlockLoader(store_path, list(dict.fromkeys(["length", *names])), block_rows=block_rows,
+                                      buffer_blocks=buffer_blocks, seed=seed, expected=expected,
+                                      batch_size=batch_size, streams=streams, num_workers=num_workers, rank=rank,
+                                      world=world)
+        except ValueError as e:  # sizes that do not fit together: the message names the params to change
+            raise TrainDataError(f"{name}: {e}") from None
         self.columns = _columns(self.info.kind, self.rows.column_names)
         self._cols = self.rows.select_columns(self.columns)
 

@@ -1,17 +1,31 @@
-"""The student training loop, shared by every student, dataset and objective (``train`` and ``finetune``).
+"""The student training loop, shared by every student, dataset and objective (``train``, ``train_aug`` and
+``finetune``), on one process or several (torchrun, DDP).
 
 It never branches on which student it trains: the student's forward returns a StudentOutput, the
 objective (train/objective.py) turns it and the cached teacher rows into loss terms, the schedule
 (train/schedule.py) weights the terms and shapes the learning rate and temperature step by step.
 
-Resume: atomic checkpoints (model, objective projections, optimizer, RNG states, the block loader's
-position, the evaluation history and the best weights) every ``checkpoint_every`` steps and at each
-evaluation. A checkpoint carries the run's identity (:func:`run_identity`): the params, the content
-digests of the tokens, the teacher cache(s) and the init student's weights, the code (the import closure
-of this module) and the device type. A restarted run with the same identity continues exactly where the
-checkpoint was taken (same batches, same dropout masks), so N steps straight give the same weights as
-N/2, kill, resume, N/2; before it does, it verifies the teacher cache's checksums. Any other identity
-starts over, naming what changed.
+The loop is made of named parts that the benchmarks call too: :func:`build_run` (the student, the
+objective, the optimizer, the data and the run's identity), :func:`restore` (resume from a checkpoint),
+:func:`train_step`, :func:`evaluate` and :func:`record_evaluation`, :func:`checkpoint`, and
+:func:`finish` (the outputs). :func:`train_student` strings them together.
+
+Data parallel: under torchrun every process builds the same run (same seed, same initial weights; DDP
+averages the gradients), reads its streams' part of each global batch (:mod:`distillpipe.store.loader`),
+and steps in lock step. Rank 0 evaluates (the others wait for its scores), writes checkpoints (with
+every rank's RNG state) and the outputs. With the same global batches, N processes give the weights of
+one process up to float rounding, as long as the losses are means over rows; dropout masks are drawn per
+process, so with dropout the weights differ like those of any two seeds.
+
+Resume: atomic checkpoints (model, objective projections, optimizer, every rank's RNG state, the block
+loader's position, the evaluation history, the best weights and whether early stopping fired) every
+``checkpoint_every`` steps and at each evaluation. A checkpoint carries the run's identity
+(:func:`run_identity`): the params, the content digests of the tokens, the teacher cache(s) and the init
+student's weights, the code (the import closure of this module), the device type and the number of
+processes. A restarted run with the same identity continues exactly where the checkpoint was taken (same
+batches, same dropout masks), so N steps straight give the same weights as N/2, kill, resume, N/2;
+before it does, it verifies the teacher cache's checksums. Any other identity starts over, naming what
+changed.
 
 Outputs: the student (``model.pt`` + ``student.json``; the best-on-dev weights when evaluation is
 on), a metrics JSON and per-step/per-evaluation CSVs for ``dvc plots``.
@@ -25,12 +39,14 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from distillpipe.config.run import LoaderConfig, RunConfig
@@ -38,14 +54,15 @@ from distillpipe.config.students import StudentConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.student import evaluate_student, primary_metric
 from distillpipe.identity import code_digests, json_sha256, sha256_dir
-from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.runtime import adamw, autocast, rng_state, seed_everything, set_rng_state
+from distillpipe.scale.ddp import ProcessGroup, join, leave
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student, save_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.train.data import Mixture, Source, TrainDataError, collate
 from distillpipe.train.objective import Objective, probe_student, store_names
-from distillpipe.train.schedule import build_schedule
+from distillpipe.train.schedule import Schedule, build_schedule
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +138,7 @@ of a checkpoint's identity, so a run never continues with code other than the co
 
 def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: LoaderConfig, tokens_meta: dict,
                  stores: dict[str, Any], init_dir: str | Path | None, augment: tuple | None,
-                 device: torch.device) -> dict[str, Any]:
+                 device: torch.device, processes: int) -> dict[str, Any]:
     """Everything that decides a run's weights, as digests: what a checkpoint must match to be resumed."""
     return {
         "params": json_sha256({"run": dataclasses.asdict(run), "model": dataclasses.asdict(model_cfg),
@@ -132,6 +149,7 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
         "init weights": sha256_dir(init_dir) if init_dir is not None else None,
         "code": json_sha256(code_digests(CODE_MODULES)),
         "device": device.type,
+        "processes": processes,
     }
 
 
@@ -142,34 +160,97 @@ def identity_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[st
     return [k for k in new if old.get(k) != new[k]]
 
 
-def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
-                  tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None,
-                  out_dir: str | Path, ckpt_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
-                  init_dir: str | Path | None = None,
-                  augment: tuple[str, str | Path, str | Path] | None = None) -> RunSummary:
-    """Train one student run. ``augment``: (name, tokens dir, cache) of unlabeled rows of the same kind mixed
-    into training (teacher losses only)."""
+class Trainable(torch.nn.Module):
+    """The student and the objective's learned projections as one module: what DDP wraps and the optimizer
+    updates. ``forward`` returns (loss or None, the loss terms)."""
+
+    def __init__(self, student: torch.nn.Module, objective: Objective):
+        super().__init__()
+        self.student, self.objective = student, objective
+
+    def forward(self, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], *,
+                multipliers: dict[str, float], temperature: float, always_loss: bool = False):
+        """``always_loss``: when no term applies to the batch (unlabeled rows, hard loss only), return a zero
+        loss that touches every parameter instead of None, so that DDP's gradient reduction still runs on
+        every process (the step is then skipped, as it is on one process)."""
+        out = self.student(batch, return_hidden=self.objective.needs_hidden)
+        loss, parts = self.objective(out, targets, multipliers=multipliers, temperature=temperature)
+        if loss is None and always_loss:
+            loss = sum(p.sum() for p in self.parameters()) * 0.0
+        return loss, parts
+
+
+@dataclass
+class TrainingRun:
+    """A built run and where it stands: everything the named parts of the loop share."""
+
+    name: str
+    run: RunConfig
+    model_cfg: StudentConfig
+    task: TaskSpec
+    meta: dict
+    group: ProcessGroup
+    device: torch.device
+    trainable: Trainable
+    engine: torch.nn.Module
+    """What the forward goes through: ``trainable``, or DDP around it."""
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    data: Mixture
+    sources: list[Source]
+    schedule: Schedule
+    total: int
+    dev_rows: Any
+    prepared_dir: Path | None
+    metric: str
+    identity: dict[str, Any]
+    ckpt_dir: Path
+    step: int = 0
+    best_step: int = 0
+    bad_evals: int = 0
+    stopped_early: bool = False
+    last_eval: int = -1
+    best: dict[str, float] | None = None
+    best_state: dict[str, torch.Tensor] | None = None
+    steps_log: list[dict[str, Any]] = field(default_factory=list)
+    dev_log: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def student(self) -> torch.nn.Module:
+        return self.trainable.student
+
+    @property
+    def pairs(self) -> bool:
+        return self.run.encoding == "diffcat"
+
+
+def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
+              tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None, ckpt_dir: str | Path,
+              init_dir: str | Path | None = None, augment: tuple[str, str | Path, str | Path] | None = None,
+              loader_workers: int = 0) -> TrainingRun:
+    """Everything a run needs before its first step, on this process (joining the process group under
+    torchrun). ``augment``: (name, tokens dir, cache) of unlabeled rows of the same kind mixed into training
+    (teacher losses only)."""
     from datasets import load_from_disk
 
-    t0 = time.time()
-    tokens_dir, out_dir, ckpt_dir = Path(tokens_dir), Path(out_dir), Path(ckpt_dir)
+    tokens_dir = Path(tokens_dir)
     meta = read_meta(tokens_dir)
-    dev_device = resolve_device(device)
+    group, dev = join(device)
     stores = {"dataset": open_store(store_path, {"tokens_fingerprint": meta["fingerprint"], "split": "train"})}
     signals = stores["dataset"].manifest.signals
     task = task_spec(meta, run, signals)
-    pairs = run.encoding == "diffcat"
     opt = run.optim
 
     seed_everything(opt.seed)
-    model = build_student(model_cfg, task)
+    student = build_student(model_cfg, task)
     if init_dir is not None:
-        _init_from(model, Path(init_dir))
-    model.to(dev_device)
+        _init_from(student, Path(init_dir))
+    student.to(dev)
 
     names = store_names(run.objective, task.kind, signals)
     loader_kw = {"batch_size": opt.batch_size, "seed": opt.seed, "block_rows": loader_cfg.block_rows,
-                 "buffer_blocks": loader_cfg.buffer_blocks, "num_workers": loader_cfg.num_workers}
+                 "buffer_blocks": loader_cfg.buffer_blocks, "streams": loader_cfg.streams,
+                 "num_workers": loader_workers, "rank": group.rank, "world": group.world}
     source = Source(meta["name"], tokens_dir, store_path, names, **loader_kw)
     sources = [source]
     if augment is not None:
@@ -182,11 +263,19 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
         stores["augment"] = extra.loader.dataset.store()
     data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]
-    probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True, pairs=pairs,
-                             pool=signals.pool)
-    dims = probe_student(model, {k: v.to(dev_device) for k, v in probe_batch.items()})
-    objective = Objective(run.objective, kind=task.kind, signals=signals, dims=dims).to(dev_device)
-    optimizer = adamw(param_groups([model, objective], opt.weight_decay), lr=opt.lr)
+    probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True,
+                             pairs=run.encoding == "diffcat", pool=signals.pool)
+    dims = probe_student(student, {k: v.to(dev) for k, v in probe_batch.items()})
+    objective = Objective(run.objective, kind=task.kind, signals=signals, dims=dims).to(dev)
+    trainable = Trainable(student, objective)
+    engine: torch.nn.Module = trainable
+    if group.distributed:
+        # every rank starts from the same weights (same seed; DDP broadcasts rank 0's anyway), but draws its
+        # own dropout masks from here on
+        torch.manual_seed(opt.seed * 7919 + group.rank)
+        engine = DistributedDataParallel(trainable, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                         find_unused_parameters=True)
+    optimizer = adamw(param_groups([trainable], opt.weight_decay), lr=opt.lr)
     params = [p for g in optimizer.param_groups for p in g["params"]]
 
     per_epoch = []
@@ -197,127 +286,197 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     total = sum(per_epoch) if opt.max_steps is None else min(sum(per_epoch), opt.max_steps)
     schedule = build_schedule(run.objective.schedule, n_blocks=len(run.objective.layer_map), total_steps=max(total, 1),
                               embedding_stage=bool(run.objective.loss_weights.get("embedding")))
-
     splits = load_from_disk(str(tokens_dir))
     if "dev" not in splits:
         raise TrainDataError(f"{tokens_dir} has no dev split: the loop evaluates (and early-stops) on dev; give the "
                              "dataset a dev split in prepare (splits.dev > 0)")
-    dev_rows = splits["dev"]
-    metric = primary_metric(task.kind, meta)
-
-    def evaluate() -> dict[str, float]:
-        return evaluate_student(model, dev_rows, kind=task.kind, pad_id=task.pad_id, device=dev_device,
-                                batch_size=2 * opt.batch_size, pairs=pairs, dataset_meta=meta,
-                                prepared_dir=prepared_dir, split="dev")
-
-    # Resume only the same run on the same inputs and code; anything else starts over, naming what changed.
     identity = run_identity(run=run, model_cfg=model_cfg, loader_cfg=loader_cfg, tokens_meta=meta, stores=stores,
-                            init_dir=init_dir, augment=augment, device=dev_device)
-    step, best_step, bad_evals, stopped_early = 0, 0, 0, False
-    best: dict[str, float] | None = None
-    best_state: dict[str, torch.Tensor] | None = None
-    steps_log: list[dict[str, Any]] = []
-    dev_log: list[dict[str, Any]] = []
-    state = load_latest(ckpt_dir)
+                            init_dir=init_dir, augment=augment, device=dev, processes=group.world)
+    return TrainingRun(name=name, run=run, model_cfg=model_cfg, task=task, meta=meta, group=group, device=dev,
+                       trainable=trainable, engine=engine, optimizer=optimizer, params=params, data=data,
+                       sources=sources, schedule=schedule, total=total, dev_rows=splits["dev"],
+                       prepared_dir=Path(prepared_dir) if prepared_dir is not None else None,
+                       metric=primary_metric(task.kind, meta), identity=identity, ckpt_dir=Path(ckpt_dir))
+
+
+def restore(r: TrainingRun) -> bool:
+    """Resume from the newest checkpoint of the same identity (True), or start over, naming what changed."""
+    state = load_latest(r.ckpt_dir)
     if state is not None:
-        changed = identity_changes(state.get("identity"), identity)
+        changed = identity_changes(state.get("identity"), r.identity)
         if changed:
-            log.warning("checkpoint in %s was made with other %s: starting over", ckpt_dir, ", ".join(changed))
-            clear_checkpoints(ckpt_dir)
+            if r.group.main:
+                log.warning("checkpoint in %s was made with other %s: starting over", r.ckpt_dir, ", ".join(changed))
+            _barrier(r)  # every rank has read it before rank 0 removes it
+            if r.group.main:
+                clear_checkpoints(r.ckpt_dir)
             state = None
-    if state is not None:
-        for store in stores.values():  # every byte the resumed run reads must be what the first part read
-            open_store(store.root, verify=True)
-        model.load_state_dict(state["model"])
-        objective.load_state_dict(state["objective"])
-        optimizer.load_state_dict(state["optimizer"])
-        data.load_state_dict(state["loader"])
-        set_rng_state(state["rng"])
-        step, best_step, bad_evals = state["step"], state["best_step"], state["bad_evals"]
-        best, best_state, steps_log, dev_log = state["best"], state["best_state"], state["steps_log"], state["dev_log"]
-        log.info("resuming %s at step %d/%d", name, step, total)
+    if state is None:
+        return False
+    for source in r.sources:  # every byte the resumed run reads must be what the first part read
+        open_store(source.loader.dataset.store_path, verify=True)
+    r.trainable.load_state_dict(state["model"])
+    r.optimizer.load_state_dict(state["optimizer"])
+    r.data.load_state_dict(state["loader"])
+    set_rng_state(state["rng"][r.group.rank])
+    for k in ("step", "best_step", "bad_evals", "stopped_early", "last_eval", "best", "best_state", "steps_log",
+              "dev_log"):
+        setattr(r, k, state[k])
+    log.info("resuming %s at step %d/%d", r.name, r.step, r.total)
+    return True
 
-    def checkpoint() -> None:
-        save_checkpoint(ckpt_dir, step, {
-            "identity": identity, "model": model.state_dict(), "objective": objective.state_dict(),
-            "optimizer": optimizer.state_dict(), "loader": data.state_dict(), "rng": rng_state(),
-            "step": step, "best_step": best_step, "bad_evals": bad_evals, "best": best, "best_state": best_state,
-            "steps_log": steps_log, "dev_log": dev_log})
 
-    def after_eval(scores: dict[str, float]) -> bool:
-        """Record an evaluation; True when early stopping says stop."""
-        nonlocal best, best_state, best_step, bad_evals
-        dev_log.append({"step": step, **scores})
-        log.info("step %d: dev %s", step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
-        if best is None or scores[metric] > best[metric]:
-            best, best_step, bad_evals = scores, step, 0
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        else:
-            bad_evals += 1
-        return opt.patience is not None and bad_evals >= opt.patience
+def train_step(r: TrainingRun, source: Source, rows: dict, arrays: dict) -> dict[str, Any]:
+    """One optimizer step on this process's part of a global batch; returns the step's log row (the loss
+    and its terms averaged over every process's part)."""
+    task, opt = r.task, r.run.optim
+    batch, targets = collate(rows, arrays, kind=task.kind, pad_id=task.pad_id, labeled=source.info.labeled,
+                             pairs=r.pairs, pool=source.info.signals.pool)
+    batch = {k: v.to(r.device, non_blocking=True) for k, v in batch.items()}
+    targets = {k: v.to(r.device, non_blocking=True) for k, v in targets.items()}
+    lr = opt.lr * r.schedule.lr_factor(r.step)
+    for g in r.optimizer.param_groups:
+        g["lr"] = lr
+    with autocast(r.device):
+        loss, parts = r.engine(batch, targets, multipliers=r.schedule.weights(r.step),
+                               temperature=r.schedule.temperature(r.step), always_loss=r.group.distributed)
+    skip = loss is None or not parts  # no term applied to this batch
+    if loss is not None:
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{r.name}: loss is {loss.item()} at step {r.step} ({parts}); lower optim.lr "
+                                     "or check the teacher cache with `distillpipe inspect --verify`")
+        loss.backward()
+        if not skip:
+            torch.nn.utils.clip_grad_norm_(r.params, opt.max_grad_norm)
+            r.optimizer.step()
+    r.optimizer.zero_grad(set_to_none=True)
+    if skip:
+        loss = None
+    epoch = r.data.epoch
+    r.step += 1
+    values = _mean_over_processes(r, [loss.item() if loss is not None else float("nan"),
+                                      *(float(v) for v in parts.values())])
+    row = {"step": r.step, "epoch": epoch, "lr": lr, "phase": r.schedule.phase(r.step - 1), "loss": values[0],
+           **dict(zip(parts, values[1:]))}
+    r.steps_log.append(row)
+    return row
 
-    bar = tqdm(total=total, initial=step, desc=f"train {name}", unit="step")
-    model.train()
-    last_eval = dev_log[-1]["step"] if dev_log else -1
-    while step < total and not stopped_early:
-        epoch = data.epoch
-        for src, rows, arrays in data:
-            batch, targets = collate(rows, arrays, kind=task.kind, pad_id=task.pad_id,
-                                     labeled=src.info.labeled, pairs=pairs, pool=signals.pool)
-            batch = {k: v.to(dev_device, non_blocking=True) for k, v in batch.items()}
-            targets = {k: v.to(dev_device, non_blocking=True) for k, v in targets.items()}
-            lr = opt.lr * schedule.lr_factor(step)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            with autocast(dev_device):
-                out = model(batch, return_hidden=objective.needs_hidden)
-                loss, parts = objective(out, targets, multipliers=schedule.weights(step),
-                                        temperature=schedule.temperature(step))
-            if loss is not None:
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"{name}: loss is {loss.item()} at step {step} ({parts}); lower optim.lr "
-                                             "or check the teacher cache with `distillpipe inspect --verify`")
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, opt.max_grad_norm)
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            steps_log.append({"step": step, "epoch": epoch, "lr": lr, "phase": schedule.phase(step - 1),
-                              "loss": loss.item() if loss is not None else float("nan"),
-                              **{k: float(v) for k, v in parts.items()}})
-            bar.update(1)
-            bar.set_postfix(loss=f"{steps_log[-1]['loss']:.3f}")
-            if opt.eval_every and step % opt.eval_every == 0:
-                stopped_early = after_eval(evaluate())
-                last_eval = step
-                checkpoint()
-            elif step % opt.checkpoint_every == 0:
-                checkpoint()
-            if step >= total or stopped_early:
-                break
-        else:  # the epoch ended
-            if not opt.eval_every and last_eval != step:
-                stopped_early = after_eval(evaluate())
-                last_eval = step
-            checkpoint()
-    bar.close()
-    if last_eval != step or best is None:
-        stopped_early = after_eval(evaluate()) or stopped_early
-    if best_state is not None:
-        model.load_state_dict(best_state)
 
-    record = {"name": name, "dataset": meta["name"], "kind": task.kind, "metric": metric, "steps": step,
-              "best_step": best_step, "dev": best, "init": str(init_dir) if init_dir else None,
-              "tokens_fingerprint": meta["fingerprint"], "tokenizer_sha256": meta["tokenizer"]["sha256"],
-              "note": run.note}
-    save_student(out_dir, model, model_cfg, task, record)
-    seconds = time.time() - t0
-    _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
-                               "dev": best, "stopped_early": stopped_early,
-                               "train_rows": sum(s.loader.dataset.store().n_rows for s in sources)})
-    _write_plots(Path(plots_dir), steps_log, dev_log)
-    clear_checkpoints(ckpt_dir)
-    return RunSummary(name, step, seconds, best_step, metric, best or {}, stopped_early)
+def evaluate(r: TrainingRun) -> dict[str, float]:
+    """Dev scores of the student now: computed by rank 0, the same on every rank."""
+    scores = None
+    if r.group.main:
+        scores = evaluate_student(r.student, r.dev_rows, kind=r.task.kind, pad_id=r.task.pad_id, device=r.device,
+                                  batch_size=2 * r.run.optim.batch_size, pairs=r.pairs, dataset_meta=r.meta,
+                                  prepared_dir=r.prepared_dir, split="dev")
+    if r.group.distributed:
+        box = [scores]
+        dist.broadcast_object_list(box, src=0)
+        scores = box[0]
+    return scores
+
+
+def record_evaluation(r: TrainingRun, scores: dict[str, float]) -> bool:
+    """Record an evaluation (and the best weights so far); True when early stopping says stop."""
+    r.dev_log.append({"step": r.step, **scores})
+    r.last_eval = r.step
+    log.info("step %d: dev %s", r.step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+    if r.best is None or scores[r.metric] > r.best[r.metric]:
+        r.best, r.best_step, r.bad_evals = scores, r.step, 0
+        if r.group.main:
+            r.best_state = {k: v.detach().to("cpu", copy=True) for k, v in r.student.state_dict().items()}
+    else:
+        r.bad_evals += 1
+    patience = r.run.optim.patience
+    r.stopped_early = r.stopped_early or (patience is not None and r.bad_evals >= patience)
+    return r.stopped_early
+
+
+def checkpoint(r: TrainingRun) -> None:
+    """Rank 0 writes a checkpoint holding every rank's RNG state; every rank returns once it is on disk."""
+    rngs = [rng_state()]
+    if r.group.distributed:
+        rngs = [None] * r.group.world
+        dist.all_gather_object(rngs, rng_state())
+    if r.group.main:
+        save_checkpoint(r.ckpt_dir, r.step, {
+            "identity": r.identity, "model": r.trainable.state_dict(), "optimizer": r.optimizer.state_dict(),
+            "loader": r.data.state_dict(), "rng": rngs, "step": r.step, "best_step": r.best_step,
+            "bad_evals": r.bad_evals, "stopped_early": r.stopped_early, "last_eval": r.last_eval, "best": r.best,
+            "best_state": r.best_state, "steps_log": r.steps_log, "dev_log": r.dev_log})
+    _barrier(r)
+
+
+def finish(r: TrainingRun, *, out_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
+           init_dir: str | Path | None, seconds: float) -> RunSummary:
+    """Rank 0 writes the student (the best evaluated weights), its metrics and curves; checkpoints go."""
+    if r.group.main:
+        if r.best_state is not None:
+            r.student.load_state_dict(r.best_state)
+        record = {"name": r.name, "dataset": r.meta["name"], "kind": r.task.kind, "metric": r.metric, "steps": r.step,
+                  "best_step": r.best_step, "dev": r.best, "init": str(init_dir) if init_dir else None,
+                  "tokens_fingerprint": r.meta["fingerprint"], "tokenizer_sha256": r.meta["tokenizer"]["sha256"],
+                  "note": r.run.note}
+        save_student(out_dir, r.student, r.model_cfg, r.task, record)
+        _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
+                                   "dev": r.best, "stopped_early": r.stopped_early,
+                                   "train_rows": sum(s.loader.dataset.store().n_rows for s in r.sources)})
+        _write_plots(Path(plots_dir), r.steps_log, r.dev_log)
+        clear_checkpoints(r.ckpt_dir)
+    return RunSummary(r.name, r.step, seconds, r.best_step, r.metric, r.best or {}, r.stopped_early)
+
+
+def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
+                  tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None,
+                  out_dir: str | Path, ckpt_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
+                  init_dir: str | Path | None = None,
+                  augment: tuple[str, str | Path, str | Path] | None = None, loader_workers: int = 0) -> RunSummary:
+    """Train one student run: build, resume, step, evaluate, checkpoint, write the outputs."""
+    t0 = time.time()
+    r = build_run(name, model_cfg=model_cfg, run=run, loader_cfg=loader_cfg, device=device, tokens_dir=tokens_dir,
+                  store_path=store_path, prepared_dir=prepared_dir, ckpt_dir=ckpt_dir, init_dir=init_dir,
+                  augment=augment, loader_workers=loader_workers)
+    try:
+        restore(r)
+        opt = r.run.optim
+        bar = tqdm(total=r.total, initial=r.step, desc=f"train {name}", unit="step", disable=not r.group.main)
+        r.trainable.train()
+        while r.step < r.total and not r.stopped_early:
+            for source, rows, arrays in r.data:
+                row = train_step(r, source, rows, arrays)
+                bar.update(1)
+                bar.set_postfix(loss=f"{row['loss']:.3f}")
+                if opt.eval_every and r.step % opt.eval_every == 0:
+                    record_evaluation(r, evaluate(r))
+                    checkpoint(r)
+                elif r.step % opt.checkpoint_every == 0:
+                    checkpoint(r)
+                if r.step >= r.total or r.stopped_early:
+                    break
+            else:  # the epoch ended
+                if not opt.eval_every and r.last_eval != r.step:
+                    record_evaluation(r, evaluate(r))
+                checkpoint(r)
+        bar.close()
+        if r.last_eval != r.step or r.best is None:
+            record_evaluation(r, evaluate(r))
+        return finish(r, out_dir=out_dir, metrics_path=metrics_path, plots_dir=plots_dir, init_dir=init_dir,
+                      seconds=time.time() - t0)
+    finally:
+        leave(r.group)
+
+
+def _mean_over_processes(r: TrainingRun, values: list[float]) -> list[float]:
+    if not r.group.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=r.device if r.device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return (t / r.group.world).tolist()
+
+
+def _barrier(r: TrainingRun) -> None:
+    if r.group.distributed:
+        dist.barrier()
 
 
 def _write_json(path: str | Path, data: dict) -> None:
@@ -342,4 +501,3 @@ def _write_plots(folder: Path, steps_log: list[dict], dev_log: list[dict]) -> No
             w.writeheader()
             for r in rows:
                 w.writerow({k: (f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()})
-

@@ -1,0 +1,112 @@
+"""Students under torchrun (DDP, gloo on CPU, 2 processes), through the real command: the same global
+batches give the weights of one process (float tolerance); a rank SIGKILLed mid-run fails the job cleanly
+and the next run resumes every rank to the very weights of an uninterrupted 2-process run."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from _tiny import make_classification_tokens, make_tiny_bert_dir, signals, write_params
+
+from distillpipe.config.base import build
+from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.teacher.cache import build_teacher_cache
+
+# Imported by every Python process that has its folder on PYTHONPATH: in torchrun's rank 1, SIGKILL the process
+# once the checkpoint of step $KILL_AT_STEP is on disk (after the barrier that follows a checkpoint, where every
+# rank knows it is): a worker lost mid-training, while the job runs through the real `distillpipe train`.
+KILL_HOOK = """
+import os, signal
+if os.environ.get("RANK") == "1" and os.environ.get("KILL_AT_STEP"):
+    import torch.distributed as dist
+    target = os.path.join(os.environ["CKPT_DIR"], "step-%09d.pt" % int(os.environ["KILL_AT_STEP"]))
+    original = dist.barrier
+    def barrier(*args, **kwargs):
+        original(*args, **kwargs)
+        if os.path.exists(target):
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier = barrier
+"""
+LOADER = {"block_rows": 32, "buffer_blocks": 1, "streams": 2}
+OBJECTIVE = {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
+             "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
+                          "temperature_decay": False}}
+
+
+def _run(dropout):
+    return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": dropout},
+            "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
+                      "init_std": 0.01, "dropout": dropout},
+            "objective": OBJECTIVE, "note": "ddp",
+            "optim": {"epochs": 2, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0,
+                      "max_grad_norm": 1.0, "eval_every": 6, "patience": None, "checkpoint_every": 4, "seed": 0}}
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp")
+    clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
+    tokens = make_classification_tokens(root / "cls", clf, n_train=96, n_dev=32)
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
+                                            "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
+                                                               pool=1)}, "teacher_cache.datasets.toy")
+    build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr", cpu_threads=1)
+    (root / "machine.yaml").write_text("")
+    return {"root": root, "tokens": tokens, "store": root / "cls.zarr"}
+
+
+def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None):
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
+                                                               "runs": {"r": _run(dropout)}}})
+    args = ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache", str(toy["store"]),
+            "--prepared", str(toy["tokens"]), "--out", str(out), "--checkpoints", f"{out}.ckpt",
+            "--metrics", f"{out}.json", "--plots", f"{out}.plots", "--params", str(params)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTILLPIPE_MACHINE": str(toy["root"] / "machine.yaml"),
+           "DISTILLPIPE_NPROC": str(nproc)}
+    if kill_at is not None:
+        hook = tmp_path / "hook"
+        hook.mkdir(exist_ok=True)
+        (hook / "sitecustomize.py").write_text(KILL_HOOK)
+        env.update(KILL_AT_STEP=str(kill_at), CKPT_DIR=f"{out}.ckpt", PYTHONPATH=str(hook))
+    cmd = [sys.executable, "-m", "distillpipe.cli", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _weights(folder):
+    return torch.load(folder / "model.pt", weights_only=True)
+
+
+def test_two_processes_give_the_weights_of_one(toy, tmp_path):
+    one = _train(toy, tmp_path, tmp_path / "one", nproc=1, dropout=0.0)
+    assert one.returncode == 0, one.stderr
+    two = _train(toy, tmp_path, tmp_path / "two", nproc=2, dropout=0.0)
+    assert two.returncode == 0, two.stderr
+    assert "under torchrun with 2 processes" in two.stderr
+    # 96 rows in 3 windows, 2 streams: 64 and 32 rows, 4 rows each per batch: 8 batches an epoch
+    assert one.stdout.count("student r: 16 steps") == two.stdout.count("student r: 16 steps") == 1  # rank 0 prints
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    steps_one = (tmp_path / "one.plots" / "steps.csv").read_text().splitlines()
+    steps_two = (tmp_path / "two.plots" / "steps.csv").read_text().splitlines()
+    assert len(steps_one) == len(steps_two) == 17  # header + 16 steps
+    for x, y in zip(steps_one[1:], steps_two[1:]):  # the logged loss is the global batch's (averaged over ranks)
+        loss_x, loss_y = float(x.split(",")[4]), float(y.split(",")[4])
+        assert loss_x == pytest.approx(loss_y, rel=1e-4)
+
+
+def test_killed_rank_fails_cleanly_and_the_rerun_resumes_every_rank_exactly(toy, tmp_path):
+    ref = _train(toy, tmp_path, tmp_path / "ref", nproc=2, dropout=0.1)  # dropout on: RNG states must resume
+    assert ref.returncode == 0, ref.stderr
+    killed = _train(toy, tmp_path, tmp_path / "run", nproc=2, dropout=0.1, kill_at=8)
+    assert killed.returncode == 2, killed.stderr[-3000:]  # one message, the job stopped
+    assert "error: training process rank 1 of 2 was killed by SIGKILL and torchrun stopped the others" in killed.stderr
+    assert (tmp_path / "run.ckpt" / f"step-{8:09d}.pt").exists() and not (tmp_path / "run" / "model.pt").exists()
+    resumed = _train(toy, tmp_path, tmp_path / "run", nproc=2, dropout=0.1)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming r at step 8/16" in resumed.stderr
+    a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "run")
+    assert all(torch.equal(a[k], b[k]) for k in a)
