@@ -55,7 +55,7 @@ from distillpipe.teacher.capture import CaptureRequest, capture_batch
 from distillpipe.teacher.load import load_teacher
 from distillpipe.train.data import Source, collate
 from distillpipe.train.loop import param_groups, task_spec, train_student
-from distillpipe.train.objective import Objective, probe_student, store_names
+from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
 from distillpipe.train.schedule import build_schedule
 
 VOCAB, PAD = 30522, 0  # BERT uncased vocabulary (the MiniLM teacher's)
@@ -371,7 +371,7 @@ class Case:
         objective = Objective(self.run.objective, kind=task.kind, signals=signals, dims=dims).to(self.device)
         optimizer = adamw(param_groups([model, objective], opt.weight_decay), lr=opt.lr)
         schedule = build_schedule(
-            self.run.objective.schedule, n_blocks=len(self.run.objective.layer_map), total_steps=len(source.loader)
+            self.run.objective.schedule, blocks=aligned_blocks(self.run.objective), total_steps=len(source.loader)
         )
         model.train()
         return task, signals, model, source, cols, objective, optimizer, schedule

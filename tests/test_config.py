@@ -185,9 +185,13 @@ def test_cross_field_checks(tmp_path, raw):
     with pytest.raises(ConfigError, match="doc_stride must be in"):
         load_section("tokenize", _write(tmp_path, raw))
     raw = yaml.safe_load(PARAMS.read_text())
-    raw["prepare"]["datasets"]["wiki"]["splits"] = {"dev": 0.6, "test": 0.5}
-    with pytest.raises(ConfigError, match=r"prepare\.datasets\.wiki\.splits: split fractions"):
+    raw["prepare"]["wiki_articles"]["splits"] = {"dev": 0.6, "test": 0.5}
+    with pytest.raises(ConfigError, match=r"prepare\.wiki_articles\.splits: split fractions"):
         load_section("prepare", _write(tmp_path, raw))
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["teacher_cache"]["datasets"]["wiki_qa"]["signals"]["attn_probs"] = True
+    with pytest.raises(ConfigError, match="no student loss reads"):
+        load_section("teacher_cache", _write(tmp_path, raw))
 
 
 def test_missing_file_and_section(tmp_path):

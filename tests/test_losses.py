@@ -49,17 +49,22 @@ def test_hard_ce_matches_loop_and_ignores_rows():
 
 
 @pytest.mark.parametrize("T", [1.0, 2.5])
-def test_soft_ce_matches_formula(T):
+def test_soft_kl_matches_formula_and_is_the_cross_entropy_less_the_teacher_entropy(T):
     s, t = torch.randn(3, 5, generator=_gen(1)), torch.randn(3, 5, generator=_gen(2)) * 3
-    rows = []
+    kl, ce = [], []
     for i in range(3):
         p = _np_softmax(t[i].double().numpy() / T)
         q = _np_softmax(s[i].double().numpy() / T)
-        rows.append(-sum(p[c] * math.log(q[c]) for c in range(5)))
-    assert losses.soft_ce(s, t, T).item() == pytest.approx(T * T * np.mean(rows), rel=1e-5)
+        kl.append(sum(p[c] * math.log(p[c] / q[c]) for c in range(5)))
+        ce.append(-sum(p[c] * math.log(q[c]) for c in range(5)))
+    got = losses.soft_kl(s, t, T).item()
+    assert got == pytest.approx(T * T * np.mean(kl), rel=1e-5)
+    entropy = np.mean([-(p * np.log(p)).sum() for p in (_np_softmax(r.double().numpy() / T) for r in t)])
+    assert got == pytest.approx(T * T * (np.mean(ce) - entropy), rel=1e-5)  # the papers' CE, less a constant
+    assert losses.soft_kl(t, t, T).item() == pytest.approx(0.0, abs=1e-6)  # a perfect student logs 0
 
 
-def test_soft_ce_t2_scaling_keeps_gradient_scale():
+def test_soft_kl_t2_scaling_keeps_gradient_scale():
     """Hinton: d(CE at T)/ds ~ (s - t) / (T^2 C) for large T, so the T^2 factor makes the gradient
     independent of T, tending to ((s - mean s) - (t - mean t)) / (C N) (N rows of the mean)."""
     s, t = torch.randn(4, 6, generator=_gen(3)), torch.randn(4, 6, generator=_gen(4))
@@ -67,7 +72,7 @@ def test_soft_ce_t2_scaling_keeps_gradient_scale():
     grads = {}
     for T in (1.0, 500.0, 1000.0):
         x = s.clone().requires_grad_()
-        losses.soft_ce(x, t, T).backward()
+        losses.soft_kl(x, t, T).backward()
         grads[T] = x.grad
     limit = (s - t) / (6 * 4)
     torch.testing.assert_close(grads[1000.0], limit, rtol=0.01, atol=2e-4)  # O(1/T) from the limit
@@ -83,12 +88,12 @@ def _topk_inputs(teacher: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 
 
 @pytest.mark.parametrize("T", [1.0, 2.0, 0.5])
-def test_topk_kd_equals_soft_ce_when_k_is_v(T):
+def test_topk_kd_equals_soft_kl_when_k_is_v(T):
     V = 7
     s, t = torch.randn(4, V, generator=_gen(5)), torch.randn(4, V, generator=_gen(6)) * 2
     ids, vals, lse = _topk_inputs(t, V)
     got = losses.topk_kd(s, ids, vals, lse, T)
-    torch.testing.assert_close(got, losses.soft_ce(s, t, T), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, losses.soft_kl(s, t, T), rtol=1e-5, atol=1e-6)
 
 
 def _np_topk_kd(s: np.ndarray, ids: np.ndarray, tl: np.ndarray, lse: np.ndarray, T: float) -> float:
@@ -103,7 +108,7 @@ def _np_topk_kd(s: np.ndarray, ids: np.ndarray, tl: np.ndarray, lse: np.ndarray,
         with np.errstate(divide="ignore"):
             pt = _np_softmax(np.log(p) / T)
         qt = _np_softmax(np.log(q) / T)
-        rows.append(-(pt * np.log(qt)).sum())
+        rows.append(sum(a * math.log(a / b) for a, b in zip(pt, qt) if a > 0))
     return T * T * float(np.mean(rows))
 
 
@@ -114,12 +119,13 @@ def test_topk_kd_tail_bucket_matches_formula(T):
     ids, vals, lse = _topk_inputs(t, k)
     want = _np_topk_kd(s.double().numpy(), ids.numpy(), vals.double().numpy(), lse.double().numpy(), T)
     assert losses.topk_kd(s, ids, vals, lse, T).item() == pytest.approx(want, rel=1e-5)
-    # at T = 1 this is the CE of the full distributions with the tail merged into one bucket
+    # at T = 1 this is the KL of the full distributions with the tail merged into one bucket
     if T == 1.0:
         p, q = t.double().softmax(-1), s.double().softmax(-1)
         tail = torch.ones_like(p, dtype=torch.bool).scatter_(1, ids, False)
-        ce = -(p.gather(1, ids) * q.gather(1, ids).log()).sum(-1) - (p * tail).sum(-1) * (q * tail).sum(-1).log()
-        assert want == pytest.approx(ce.mean().item(), rel=1e-6)
+        p_tail, q_tail = (p * tail).sum(-1), (q * tail).sum(-1)
+        kl = (p.gather(1, ids) * (p.gather(1, ids) / q.gather(1, ids)).log()).sum(-1) + p_tail * (p_tail / q_tail).log()
+        assert want == pytest.approx(kl.mean().item(), rel=1e-6)
 
 
 def test_topk_kd_tail_mass_behaves():
@@ -190,7 +196,7 @@ def test_span_kd_matches_loop(T):
             n = int(mask[b].sum())
             p = _np_softmax(t[b, :n].double().numpy() / T)
             q = _np_softmax(s[b, :n].double().numpy() / T)
-            rows.append(-(p * np.log(q)).sum())
+            rows.append((p * np.log(p / q)).sum())
         want += 0.5 * T * T * np.mean(rows)
     assert losses.span_kd(s_st, s_en, t_st, t_en, mask, T).item() == pytest.approx(want, rel=1e-5)
     # masked teacher/student entries do not matter, gradients finite

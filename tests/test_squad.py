@@ -95,3 +95,41 @@ def test_official_metric_on_real_sample(shared_data):
     abstain = {e["id"]: SpanPrediction("x", 1.0) for e in ex}
     s = squad_v2_scores(ex, abstain, threshold=0.0)
     assert s["NoAns_total"] == 1013 and s["exact"] == pytest.approx(100 * 1013 / 2013)
+
+
+def _brute_force_best(examples, preds, key):
+    """Every threshold that separates the margins differently, scored by the metric itself."""
+    margins = sorted({p.null_margin for p in preds.values()})
+    candidates = [margins[0] - 1.0, *margins]
+    return max(squad_v2_scores(examples, preds, threshold=t)[key] for t in candidates)
+
+
+def test_threshold_search_never_splits_a_group_of_tied_margins():
+    """q1 (answerable, right span) and q2 (unanswerable) tie at margin 0.0: no threshold answers q1 without
+    also answering q2. The official sweep stops between them and reports F1 100 * 3/3 at threshold 0.0,
+    where the real F1 is 2/3."""
+    examples = [{"id": "q1", "answers": {"text": ["Warsaw"]}}, {"id": "q2", "answers": {"text": []}},
+                {"id": "q3", "answers": {"text": []}}]
+    preds = {"q1": SpanPrediction("Warsaw", 0.0), "q2": SpanPrediction("Paris", 0.0),
+             "q3": SpanPrediction("Rome", 1.0)}
+    tuned = squad_v2_scores(examples, preds)
+    at_threshold = squad_v2_scores(examples, preds, threshold=tuned["threshold"])
+    assert tuned["f1"] == at_threshold["f1"] == pytest.approx(100 * 2 / 3)  # reported = what the threshold gives
+    assert tuned["f1"] == pytest.approx(_brute_force_best(examples, preds, "f1"))
+    assert tuned["best_exact"] == pytest.approx(_brute_force_best(examples, preds, "exact"))
+
+
+def test_threshold_search_matches_brute_force_on_random_ties():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(3, 12))
+        examples, preds = [], {}
+        for i in range(n):
+            answerable = bool(rng.random() < 0.6)
+            examples.append({"id": f"q{i}", "answers": {"text": ["red house"] if answerable else []}})
+            text = str(rng.choice(["red house", "house", "blue car"]))
+            preds[f"q{i}"] = SpanPrediction(text, float(rng.integers(-2, 3)))  # few distinct margins: many ties
+        tuned = squad_v2_scores(examples, preds)
+        assert tuned["f1"] == pytest.approx(_brute_force_best(examples, preds, "f1"))
+        assert tuned["best_exact"] == pytest.approx(_brute_force_best(examples, preds, "exact"))
+        assert tuned["f1"] == pytest.approx(squad_v2_scores(examples, preds, threshold=tuned["threshold"])["f1"])

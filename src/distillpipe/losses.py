@@ -79,21 +79,27 @@ def hard_ce(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100
     return _masked_mean(-picked, valid)
 
 
-def soft_ce(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Hinton soft-target cross-entropy, T^2 scaled (CMOW L_soft = sum_i t_i log s_i; WaLDORf eq. (6)).
+def _kl(p: torch.Tensor, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """sum_c p_c (log p_c - log q_c) over the last axis, with 0 log 0 = 0 (a teacher bucket of no mass)."""
+    return (torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))).sum(dim=-1)
 
-    ``T^2 * mean_rows( -sum_c softmax(t/T)_c * log_softmax(s/T)_c )`` for ``student_logits`` and
-    ``teacher_logits`` (N, C). Cross-entropy, not KL: they differ by the teacher's entropy, a
-    constant, so gradients are the same. The T^2 factor keeps gradient magnitudes comparable across
+
+def soft_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton soft-target loss, T^2 scaled (CMOW L_soft = sum_i t_i log s_i; WaLDORf eq. (6)), as KL.
+
+    ``T^2 * mean_rows( KL(softmax(t/T) || softmax(s/T)) )`` for ``student_logits`` and ``teacher_logits``
+    (N, C). The papers write the cross-entropy; KL differs from it by the teacher's entropy, a constant,
+    so the gradients are the same, and its value reaches 0 when the student matches the teacher (a
+    logged curve shows how far it is). The T^2 factor keeps gradient magnitudes comparable across
     temperatures (the soft gradient scales as 1/T^2).
     """
-    _check_same(student_logits, teacher_logits, "soft_ce")
+    _check_same(student_logits, teacher_logits, "soft_kl")
     if temperature <= 0:
-        raise ValueError(f"soft_ce: temperature must be > 0, got {temperature}")
+        raise ValueError(f"soft_kl: temperature must be > 0, got {temperature}")
     T = float(temperature)
-    p_t = F.softmax(teacher_logits.float() / T, dim=-1)  # (N, C)
+    logp_t = F.log_softmax(teacher_logits.float() / T, dim=-1)  # (N, C)
     logp_s = F.log_softmax(student_logits.float() / T, dim=-1)  # (N, C)
-    per_row = -(p_t * logp_s).sum(dim=-1)  # (N,)
+    per_row = _kl(logp_t.exp(), logp_t, logp_s)  # (N,)
     return T * T * _masked_mean(per_row, torch.ones_like(per_row, dtype=torch.bool))
 
 
@@ -117,9 +123,9 @@ def topk_kd(
 
     Temperature: the tail's tempered mass is unknown (it needs every tail logit), so both bucket
     distributions are tempered as if each bucket were one token: ``softmax(log(bucket probs) / T)``
-    over the k + 1 buckets, then ``T^2 * CE`` as in :func:`soft_ce`. Consequences:
-    exact at T = 1 (CE of the bucketed full distributions); for k == V equal to
-    ``soft_ce(student_logits, teacher_full_logits, T)`` at every T (log p_i = l_i - lse, and the
+    over the k + 1 buckets, then ``T^2 * KL`` as in :func:`soft_kl`. Consequences:
+    exact at T = 1 (KL of the bucketed full distributions); for k == V equal to
+    ``soft_kl(student_logits, teacher_full_logits, T)`` at every T (log p_i = l_i - lse, and the
     shift cancels in the softmax); for k < V and T != 1 an approximation that treats the tail as
     one token of log-probability ``log(tail mass)``.
     """
@@ -152,9 +158,9 @@ def topk_kd(
         logq = torch.cat([logq_top, logq_tail], dim=-1)  # (N, k+1)
     else:
         logp, logq = logp_top, logq_top
-    p_t = F.softmax(logp / T, dim=-1)  # (N, k[+1]) tempered teacher buckets (tail 0 stays 0)
+    logp_t = F.log_softmax(logp / T, dim=-1)  # (N, k[+1]) tempered teacher buckets (tail 0 stays 0)
     logq_t = F.log_softmax(logq / T, dim=-1)  # (N, k[+1])
-    per_row = -(p_t * logq_t).sum(dim=-1)  # (N,)
+    per_row = _kl(logp_t.exp(), logp_t, logq_t)  # (N,)
     return T * T * _masked_mean(per_row, torch.ones_like(per_row, dtype=torch.bool))
 
 
@@ -197,7 +203,7 @@ def span_kd(
     """QA soft-target KD, WaLDORf eq. (6) for the start and the end softmax, averaged.
 
     All logits (B, L), ``mask`` (B, L) bool. Each softmax runs over the valid positions only, for
-    the teacher and the student, and each term is ``T^2``-scaled as in :func:`soft_ce`.
+    the teacher and the student, and each term is a ``T^2``-scaled KL as in :func:`soft_kl`.
     """
     _check_mask(s_start, mask, 2, "span_kd")
     for a, b, what in ((s_start, t_start, "start"), (s_end, t_end, "end"), (s_start, s_end, "student")):
@@ -207,9 +213,10 @@ def span_kd(
     T = float(temperature)
 
     def one(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        p_t = F.softmax((t.float() / T).masked_fill(~mask, NEG), dim=-1)  # (B, L), exactly 0 off-mask
+        logp_t = F.log_softmax((t.float() / T).masked_fill(~mask, NEG), dim=-1)  # (B, L), exp is 0 off-mask
         logp_s = F.log_softmax((s.float() / T).masked_fill(~mask, NEG), dim=-1)  # (B, L)
-        return -(p_t * logp_s).masked_fill(~mask, 0.0).sum(dim=-1).mean()
+        p_t = logp_t.exp().masked_fill(~mask, 0.0)
+        return _kl(p_t, logp_t, logp_s).mean()
 
     return T * T * 0.5 * (one(s_start, t_start) + one(s_end, t_end))
 

@@ -25,7 +25,9 @@ class SignalsConfig:
     pool: int
     """Pooling factor p (WaLDORf eqs. 3 and 5: 4); 1 = unpooled (MiniALBERT)."""
     attn_probs: bool
-    """Also keep unpooled attention probabilities of ``attn_layers`` (MiniALBERT attention KL): large."""
+    """Unpooled attention probabilities of ``attn_layers`` (MiniALBERT attention KL). Refused for now: no
+    student loss reads them yet (``losses.attn_kl`` is wired with the MiniALBERT student), and they cost
+    H x L^2 x 2 bytes a row and layer (4.7 MB at BERT-Large size, L 384)."""
     embeddings: bool
     """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): large."""
 
@@ -36,8 +38,12 @@ class SignalsConfig:
             layers = getattr(self, name)
             if any(j < low for j in layers) or layers != sorted(set(layers)):
                 raise ConfigError(f"{name}={layers}: layers are increasing and numbered from {low}")
-        if self.attn_probs and not self.attn_layers:
-            raise ConfigError("attn_probs needs attn_layers")
+        if self.attn_probs:
+            raise ConfigError(
+                "attn_probs: true caches unpooled attention probabilities (H x L^2 x 2 bytes a row and layer) that "
+                "no student loss reads yet; set attn_probs: false (the pooled attn_layers scores feed the "
+                "WaLDORf attention loss)"
+            )
         if not (self.logits or self.mlm_topk or self.hidden_layers or self.attn_layers or self.embeddings):
             raise ConfigError("no signal selected: the cache would be empty")
 

@@ -12,7 +12,7 @@ import collections
 import re
 import string
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -101,42 +101,64 @@ def best_spans(examples: Sequence[Mapping], windows: Sequence[Mapping], start_lo
 
 def squad_v2_scores(examples: Sequence[Mapping], preds: Mapping[str, SpanPrediction],
                     threshold: float | None = None) -> dict[str, float]:
-    """Official EM/F1 (in %), HasAns/NoAns breakdown, and the dev-tuned no-answer threshold.
+    """Official EM/F1 (in %), HasAns/NoAns breakdown, and the dev-tuned no-answer threshold (see
+    :func:`squad_v2_evaluate`)."""
+    return squad_v2_evaluate(examples, preds, threshold)[0]
 
-    ``threshold=None`` tunes it on ``examples`` (the official ``best_exact_thresh`` /
-    ``best_f1_thresh`` sweep); scores are then reported at the F1-best threshold.
+
+def squad_v2_evaluate(examples: Sequence[Mapping], preds: Mapping[str, SpanPrediction],
+                      threshold: float | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """(scores, per question ``{"id", "has_answer", "em", "f1"}`` at the threshold used).
+
+    Scores: EM/F1 in %, the HasAns/NoAns breakdown and ``threshold``. ``threshold=None`` tunes it on
+    ``examples`` (the official ``best_f1_thresh`` sweep, done between distinct no-answer scores: see
+    :func:`_best_threshold`); scores are then reported at the F1-best threshold, and ``best_exact`` /
+    ``best_exact_thresh`` give EM at its own best threshold, as the official script reports them too.
+    With a given ``threshold`` (dev's, applied to test) there is no tuning and no ``best_exact``.
     """
     golds = {ex["id"]: gold_answers(ex["answers"]["text"]) for ex in examples}
     has_ans = {qid: g != [""] for qid, g in golds.items()}
     raw_em = {qid: max(exact_match(g, preds[qid].text) for g in gs) for qid, gs in golds.items()}
     raw_f1 = {qid: max(f1_score(g, preds[qid].text) for g in gs) for qid, gs in golds.items()}
     margins = {qid: preds[qid].null_margin for qid in golds}
+    best_exact: dict[str, float] = {}
     if threshold is None:
-        threshold = _best_threshold(raw_f1, margins, has_ans)
+        threshold, _ = _best_threshold(raw_f1, margins, has_ans)
+        exact_thresh, exact_count = _best_threshold(raw_em, margins, has_ans)
+        best_exact = {"best_exact": 100 * exact_count / max(len(golds), 1), "best_exact_thresh": exact_thresh}
     em = {q: (float(not has_ans[q]) if margins[q] > threshold else raw_em[q]) for q in golds}
     f1 = {q: (float(not has_ans[q]) if margins[q] > threshold else raw_f1[q]) for q in golds}
     n = max(len(golds), 1)
     has = [q for q in golds if has_ans[q]]
     no = [q for q in golds if not has_ans[q]]
     res = {"exact": 100 * sum(em.values()) / n, "f1": 100 * sum(f1.values()) / n, "total": len(golds),
-           "threshold": float(threshold)}
+           "threshold": float(threshold), **best_exact}
     if has:
         res |= {"HasAns_exact": 100 * np.mean([em[q] for q in has]), "HasAns_f1": 100 * np.mean([f1[q] for q in has]),
                 "HasAns_total": len(has)}
     if no:
         res |= {"NoAns_exact": 100 * np.mean([em[q] for q in no]), "NoAns_f1": 100 * np.mean([f1[q] for q in no]),
                 "NoAns_total": len(no)}
-    return {k: float(v) for k, v in res.items()}
+    per_question = [{"id": str(q), "has_answer": bool(has_ans[q]), "em": float(em[q]), "f1": float(f1[q])}
+                    for q in golds]
+    return {k: float(v) for k, v in res.items()}, per_question
 
 
-def _best_threshold(scores: Mapping[str, float], margins: Mapping[str, float], has_ans: Mapping[str, bool]) -> float:
-    """The official find_best_thresh: sweep thresholds over the sorted no-answer scores."""
+def _best_threshold(scores: Mapping[str, float], margins: Mapping[str, float],
+                    has_ans: Mapping[str, bool]) -> tuple[float, float]:
+    """(threshold, summed score at it): the official find_best_thresh sweep over the sorted no-answer
+    scores, with one correction: a threshold answers every question whose score is at or below it, so
+    it is only considered at the end of a group of equal scores. (The official script can stop inside
+    such a group and report a score that its threshold does not give; bf16 logits tie often.)"""
     num_no_ans = sum(not v for v in has_ans.values())
     cur = best = float(num_no_ans)  # threshold below every margin: everything predicted as no-answer
     best_thresh = min(margins.values(), default=0.0) - 1.0
-    for qid in sorted(margins, key=lambda q: margins[q]):
+    order = sorted(margins, key=lambda q: margins[q])
+    for k, qid in enumerate(order):
         # Answering instead of abstaining: gain the raw score, lose the 1 a no-answer question had.
         cur += scores[qid] - (0.0 if has_ans[qid] else 1.0)
+        if k + 1 < len(order) and margins[order[k + 1]] == margins[qid]:
+            continue  # still inside a group of tied margins: no threshold separates them
         if cur > best:
             best, best_thresh = cur, margins[qid]
-    return float(best_thresh) if np.isfinite(best_thresh) else 0.0
+    return (float(best_thresh) if np.isfinite(best_thresh) else 0.0), best

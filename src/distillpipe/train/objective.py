@@ -58,6 +58,14 @@ def _weight(cfg: ObjectiveConfig, term: str) -> float:
     return float(cfg.loss_weights.get(term, 0.0))
 
 
+def aligned_blocks(cfg: ObjectiveConfig) -> list[int]:
+    """The student blocks that carry block losses (eqs. (2), (4)): those ``layer_map`` aligns with a
+    teacher layer, when a hidden or attention weight is set. The slow build has one stage per entry."""
+    if not (_weight(cfg, "hidden") or _weight(cfg, "attn")):
+        return []
+    return [j for j, t in enumerate(cfg.layer_map) if t >= 0]
+
+
 def store_names(cfg: ObjectiveConfig, kind: str, signals: SignalSpec) -> list[str]:
     """The teacher-cache arrays this objective reads (checked against the store by the caller)."""
     names = ["length"]
@@ -155,7 +163,7 @@ class Objective(nn.Module):
             return losses.hard_ce(out.mlm_logits.flatten(0, 1), labels.flatten(), IGNORE)
         if term == "soft":
             if self.kind == "classification":
-                return losses.soft_ce(out.logits, tg["logits"], T)
+                return losses.soft_kl(out.logits, tg["logits"], T)
             return losses.span_kd(out.start_logits, out.end_logits, tg["start_logits"], tg["end_logits"], mask, T)
         if term == "mlm_kd":
             M = out.mlm_logits.shape[1]  # the batch's most masked positions; the cache pads to its global max

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from distillpipe.config.base import ConfigError
 from distillpipe.config.run import AllAtOnceConfig, ScheduleConfig, SlowBuildConfig
@@ -37,8 +38,8 @@ def block_terms(j: int) -> tuple[str, str]:
     return f"hidden/{j}", f"attn/{j}"
 
 
-def all_terms(n_blocks: int) -> list[str]:
-    return ["embedding"] + [t for j in range(n_blocks) for t in block_terms(j)] + list(OUTPUT_TERMS)
+def all_terms(blocks: Sequence[int]) -> list[str]:
+    return ["embedding"] + [t for j in blocks for t in block_terms(j)] + list(OUTPUT_TERMS)
 
 
 class Weights(dict):
@@ -68,7 +69,8 @@ def _linear_decay(step: int, start: int, end: int) -> float:
 
 class Schedule(ABC):
     total_steps: int
-    n_blocks: int
+    blocks: list[int]
+    """The student blocks with block losses (aligned in ``objective.layer_map``), in build order."""
 
     @abstractmethod
     def weights(self, step: int) -> dict[str, float]: ...
@@ -98,14 +100,20 @@ class SlowBuild(Schedule):
     which stays 1 once tau passes (j + 1) tau*, and L_e has no chi at all. We take Theta(0) = 1, so
     stage s (0 = embedding only, s = j + 1 adds block j, s = n_blocks + 1 the output losses) starts at
     step s * tau* and stage 0 is exactly tau* steps long.
+
+    Only blocks that have losses are stages: a student block that ``layer_map`` leaves unaligned (-1)
+    has no L_h,j or L_a,j, so a stage for it would train exactly what the stage before trained. The
+    k-th aligned block (``blocks[k]``) joins at stage k + 1.
     """
 
-    def __init__(self, cfg: SlowBuildConfig, *, n_blocks: int, total_steps: int, embedding_stage: bool = True):
-        self.n_blocks, self.total_steps = n_blocks, total_steps
+    def __init__(self, cfg: SlowBuildConfig, *, blocks: Sequence[int], total_steps: int,
+                 embedding_stage: bool = True):
+        self.blocks, self.total_steps = list(blocks), total_steps
+        self.n_blocks = len(self.blocks)
         # Without an embedding loss (no embeddings in the teacher cache) stage 0 would train nothing:
-        # the build then starts with block 0.
+        # the build then starts with the first aligned block.
         self.first = 1 if embedding_stage else 0
-        stages = n_blocks + self.first  # embedding-only (when there is one), then one per block
+        stages = self.n_blocks + self.first  # embedding-only (when there is one), then one per aligned block
         if cfg.phase_steps is not None:
             tau = cfg.phase_steps
         else:
@@ -134,16 +142,16 @@ class SlowBuild(Schedule):
         self.t0 = cfg.temperature
 
     def stage(self, step: int) -> int:
-        """0 = embedding only, j + 1 = up to block j, n_blocks + 1 = final phase (without an embedding
-        stage the count starts at 1)."""
+        """0 = embedding only, k + 1 = up to the k-th aligned block, n_blocks + 1 = final phase (without
+        an embedding stage the count starts at 1)."""
         self._check(step)
         return min(step // self.tau + 1 - self.first, self.n_blocks + 1)
 
     def weights(self, step: int) -> dict[str, float]:
         s = self.stage(step)
         w = Weights(embedding=1.0)  # eq. (8): alpha L_e has no chi, on from step 0
-        for j in range(self.n_blocks):
-            on = float(step >= (j + self.first) * self.tau)  # eq. (9): chi_j(tau) = Theta(tau - (j + 1) tau*)
+        for k, j in enumerate(self.blocks):
+            on = float(step >= (k + self.first) * self.tau)  # eq. (9): chi_j(tau) = Theta(tau - (j + 1) tau*)
             for t in block_terms(j):
                 w[t] = on
         for t in OUTPUT_TERMS:
@@ -169,7 +177,7 @@ class SlowBuild(Schedule):
         if s == 0:
             return "build/embedding"
         if s <= self.n_blocks:
-            return f"build/block{s - 1}"
+            return f"build/block{self.blocks[s - 1]}"
         return "final"
 
 
@@ -177,14 +185,14 @@ class AllAtOnce(Schedule):
     """Every term from step 0 (multiplier 1 for any name); linear warm-up then linear decay of the LR;
     temperature T0, or linear from T0 to 1 over the run when ``temperature_decay``."""
 
-    def __init__(self, cfg: AllAtOnceConfig, *, n_blocks: int, total_steps: int):
-        self.n_blocks, self.total_steps = n_blocks, total_steps
+    def __init__(self, cfg: AllAtOnceConfig, *, blocks: Sequence[int], total_steps: int):
+        self.blocks, self.total_steps = list(blocks), total_steps
         self.warmup = round(cfg.warmup_fraction * total_steps)
         self.t0, self.decay = cfg.temperature, cfg.temperature_decay
 
     def weights(self, step: int) -> dict[str, float]:
         self._check(step)
-        return AllOnes.fromkeys(all_terms(self.n_blocks), 1.0)
+        return AllOnes.fromkeys(all_terms(self.blocks), 1.0)
 
     def temperature(self, step: int) -> float:
         self._check(step)
@@ -203,22 +211,26 @@ class AllAtOnce(Schedule):
         return "warmup" if step < self.warmup else "decay"
 
 
-def build_schedule(cfg: ScheduleConfig, *, n_blocks: int, total_steps: int, embedding_stage: bool = True) -> Schedule:
-    """The schedule for a run of ``total_steps`` optimizer steps of a student with ``n_blocks`` blocks
-    (the slow build has one stage per block; terms ``hidden/<j>``, ``attn/<j>`` for j < n_blocks).
-    ``embedding_stage=False``: the objective has no embedding loss, so the slow build skips its stage."""
-    if total_steps < 1 or n_blocks < 0:
-        raise ValueError(f"need total_steps >= 1 and n_blocks >= 0, got {total_steps}, {n_blocks}")
+def build_schedule(cfg: ScheduleConfig, *, blocks: Sequence[int], total_steps: int,
+                   embedding_stage: bool = True) -> Schedule:
+    """The schedule for a run of ``total_steps`` optimizer steps whose block losses sit on student blocks
+    ``blocks`` (the aligned entries of ``objective.layer_map``; terms ``hidden/<j>``, ``attn/<j>``). The
+    slow build has one stage per aligned block. ``embedding_stage=False``: the objective has no embedding
+    loss, so the slow build skips its stage."""
+    blocks = list(blocks)
+    if total_steps < 1 or any(j < 0 for j in blocks) or len(set(blocks)) != len(blocks):
+        raise ValueError(f"need total_steps >= 1 and distinct block indices >= 0, got {total_steps}, {blocks}")
     if isinstance(cfg, SlowBuildConfig):
-        s: Schedule = SlowBuild(cfg, n_blocks=n_blocks, total_steps=total_steps, embedding_stage=embedding_stage)
+        s: Schedule = SlowBuild(cfg, blocks=blocks, total_steps=total_steps, embedding_stage=embedding_stage)
         log.info(
-            "slow build: %d stages of %d steps, final phase from step %d of %d",
-            n_blocks + s.first,
+            "slow build: %d stages of %d steps (blocks %s), final phase from step %d of %d",
+            len(blocks) + s.first,
             s.tau,
+            blocks,
             s.final_start,
             total_steps,
         )
         return s
     if isinstance(cfg, AllAtOnceConfig):
-        return AllAtOnce(cfg, n_blocks=n_blocks, total_steps=total_steps)
+        return AllAtOnce(cfg, blocks=blocks, total_steps=total_steps)
     raise TypeError(f"unknown schedule config {type(cfg).__name__}")
