@@ -12,6 +12,7 @@ from distillpipe.cli import app
 runner = CliRunner()
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 ROOT_PARAMS = yaml.safe_load(PARAMS.read_text())
+WIKI_ARTICLES = ROOT_PARAMS["prepare"]["wiki_articles"]
 
 
 def test_unknown_dataset_is_a_clear_error(tmp_path):
@@ -22,8 +23,8 @@ def test_unknown_dataset_is_a_clear_error(tmp_path):
 
 
 def test_wrong_encoding_names_file_line_and_fix(tmp_path):
-    params = {"prepare": {"datasets": {"polarity": {**ROOT_PARAMS["prepare"]["datasets"]["polarity"],
-                                                    "encoding": "utf-8"}}, "local": {}}}
+    polarity = {**ROOT_PARAMS["prepare"]["datasets"]["polarity"], "encoding": "utf-8"}
+    params = {"prepare": {"wiki_articles": WIKI_ARTICLES, "datasets": {"polarity": polarity}, "local": {}}}
     res = runner.invoke(app, ["prepare", "--dataset", "polarity", "--out", str(tmp_path / "o"),
                               "--params", str(write_params(tmp_path / "p.yaml", params))])
     assert res.exit_code == 2
@@ -32,8 +33,8 @@ def test_wrong_encoding_names_file_line_and_fix(tmp_path):
 
 
 def test_hub_offline_fails_fast(tmp_path):
-    params = {"prepare": {"datasets": {"sq": {"source": "hub", "name": "squad_v2", "subset": None,
-                                              "splits": {"train": "train"}, "text_field": "text"}}, "local": {}}}
+    sq = {"source": "hub", "name": "squad_v2", "subset": None, "splits": {"train": "train"}, "text_field": "text"}
+    params = {"prepare": {"wiki_articles": WIKI_ARTICLES, "datasets": {"sq": sq}, "local": {}}}
     t = time.time()
     res = runner.invoke(app, ["prepare", "--dataset", "sq", "--out", str(tmp_path / "o"),
                               "--params", str(write_params(tmp_path / "p.yaml", params))])

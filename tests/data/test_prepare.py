@@ -89,11 +89,12 @@ def test_failed_build_leaves_previous_output_untouched(tmp_path):
 def test_params_yaml_embedded_datasets(tmp_path):
     """Every dataset of the default params.yaml prepares offline and meets the schema."""
     cfg = load_section(REPO / "params.yaml", "prepare", PrepareConfig)
-    expected = {"wiki": ("corpus", ["train", "dev"]), "polarity": ("classification", ["train", "dev", "test"]),
+    expected = {"wiki": ("corpus", ["train", "dev", "test"]),
+                "polarity": ("classification", ["train", "dev", "test"]),
                 "wiki_pairs": ("classification", ["train", "dev", "test"]), "wiki_qa": ("qa", ["train", "dev", "test"])}
     assert set(cfg.datasets) == set(expected)
     for name, ds_cfg in cfg.datasets.items():
-        summary = prepare_dataset(name, ds_cfg, tmp_path / name)
+        summary = prepare_dataset(name, ds_cfg, tmp_path / name, cfg.wiki_articles)
         meta = schema.read_meta(tmp_path / name)
         task_type, splits = expected[name]
         assert meta["task_type"] == task_type and list(summary.rows) == splits
@@ -102,3 +103,31 @@ def test_params_yaml_embedded_datasets(tmp_path):
         assert {s: len(d) for s, d in dd.items()} == summary.rows
         for field in meta["text_fields"]:
             assert field in dd["train"].column_names
+    _no_dev_or_test_text_is_trained_on(tmp_path, cfg)
+
+
+def _no_dev_or_test_text_is_trained_on(prepared, cfg):
+    """No transductive leak across the embedded datasets: no paragraph or sentence of any dev/test split is in
+    a text any student, teacher or the QG model trains on (every train split; the paragraphs augment writes
+    questions for), and no dev/test article of a task is an article of a training corpus."""
+    from distillpipe.config.augment import AugmentConfig
+    from distillpipe.qg.augment import select_paragraphs
+
+    fields = {"wiki": ["text"], "polarity": ["text_a"], "wiki_pairs": ["text_a", "text_b"], "wiki_qa": ["context"]}
+    trained, held_out = set(), set()
+    trained_titles, held_out_titles = set(), set()
+    for name, columns in fields.items():
+        dd = load_from_disk(str(prepared / name))
+        for split, ds in dd.items():
+            texts = {t.strip() for c in columns for t in ds[c]}
+            (trained if split == "train" else held_out).update(texts)
+            titles = set(ds["doc_id"] if "doc_id" in ds.column_names else ds["title"] if "title" in ds.column_names
+                         else [])
+            (trained_titles if split == "train" else held_out_titles).update(titles)
+    augment = load_section(REPO / "params.yaml", "augment", AugmentConfig)
+    paragraphs, _ = select_paragraphs(prepared / "wiki", prepared / "wiki_qa", augment)
+    trained |= {p.text.strip() for p in paragraphs}
+    trained_titles |= {p.doc_id for p in paragraphs}
+    assert len(held_out) > 500 and len(trained) > 2000
+    assert not trained & held_out, sorted(trained & held_out)[:3]
+    assert not trained_titles & held_out_titles, sorted(trained_titles & held_out_titles)[:5]

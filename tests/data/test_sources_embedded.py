@@ -9,6 +9,7 @@ import pytest
 
 from distillpipe.config.base import build
 from distillpipe.config.prepare import (
+    ArticleSplitConfig,
     EmbeddedPolarityConfig,
     EmbeddedWikiConfig,
     EmbeddedWikiPairsConfig,
@@ -17,26 +18,31 @@ from distillpipe.config.prepare import (
 from distillpipe.data.sources import PrepareError, build_source
 from distillpipe.data.sources.base import Skips
 from distillpipe.data.sources.embedded import POLARITY_FILE, gensim_test_file
-from distillpipe.data.sources.wiki import WIKI_FILE, clean_paragraphs, wiki_articles
+from distillpipe.data.sources.wiki import WIKI_FILE, _filtered_pages, article_split, clean_paragraphs, wiki_articles
 from distillpipe.data.sources.wiki_qa import make_cloze
 
 
-def wiki_cfg(min_chars=80, dev=0.1, test=0.0, seed=0):
-    return build(EmbeddedWikiConfig, dict(source="embedded", asset="wiki", min_paragraph_chars=min_chars,
-                                          splits=dict(dev=dev, test=test), seed=seed), "prepare.datasets.wiki")
+def articles(dev=0.15, test=0.15, seed=0):
+    return build(ArticleSplitConfig, dict(splits=dict(dev=dev, test=test), seed=seed), "prepare.wiki_articles")
+
+
+ARTICLES = articles()
+
+
+def wiki_cfg(min_chars=80):
+    return build(EmbeddedWikiConfig, dict(source="embedded", asset="wiki", min_paragraph_chars=min_chars),
+                 "prepare.datasets.wiki")
 
 
 def pairs_cfg(per_article=5, seed=0):
     return build(EmbeddedWikiPairsConfig, dict(source="embedded", asset="wiki_pairs", min_paragraph_chars=80,
-                                               pairs_per_article=per_article, splits=dict(dev=0.15, test=0.15),
-                                               seed=seed), "prepare.datasets.wiki_pairs")
+                                               pairs_per_article=per_article, seed=seed), "prepare.datasets.wiki_pairs")
 
 
 def qa_cfg(unanswerable=0.33, per_paragraph=1, seed=0):
     return build(EmbeddedWikiQAConfig, dict(source="embedded", asset="wiki_qa", min_paragraph_chars=200,
                                             questions_per_paragraph=per_paragraph,
-                                            unanswerable_fraction=unanswerable, splits=dict(dev=0.15, test=0.15),
-                                            seed=seed), "prepare.datasets.wiki_qa")
+                                            unanswerable_fraction=unanswerable, seed=seed), "prepare.datasets.wiki_qa")
 
 
 def polarity_cfg(encoding="cp1252", seed=0):
@@ -98,14 +104,14 @@ def test_clean_paragraphs_removes_markup_and_counts_it():
 
 
 def test_wiki_corpus_splits_by_article():
-    cfg = wiki_cfg()
-    prepared = build_source("wiki", cfg)
+    prepared = build_source("wiki", wiki_cfg(), articles(dev=0.1, test=0.0))
     assert list(prepared.splits) == ["train", "dev"]
     assert prepared.task_type == "corpus" and prepared.text_fields == ["text"]
     titles = {s: set(ds["doc_id"]) for s, ds in prepared.splits.items()}
     assert not titles["train"] & titles["dev"]
-    assert len(titles["dev"]) == round(106 * 0.1)
     assert len(titles["train"]) + len(titles["dev"]) == 106
+    for split, ts in titles.items():
+        assert all(article_split(t, articles(dev=0.1, test=0.0)) == split for t in ts)
     for ds in prepared.splits.values():
         assert all(len(t) >= 80 for t in ds["text"])
         # A document's rows are consecutive.
@@ -118,10 +124,32 @@ def test_wiki_corpus_splits_by_article():
     assert skipped["redirect pages"] == 100 and skipped["short paragraphs"] > 0 and skipped["heading lines"] > 0
 
 
+def test_one_article_partition_for_every_dataset_of_the_sample():
+    """The partition is drawn over all article pages, so a dataset that keeps fewer articles (wiki_qa: longer
+    paragraphs) puts each in the split the corpus puts it in."""
+    wiki = build_source("wiki", wiki_cfg(), ARTICLES)
+    qa = build_source("wiki_qa", qa_cfg(), ARTICLES)
+    pairs = build_source("wiki_pairs", pairs_cfg(), ARTICLES)
+    corpus_split = {t: s for s, ds in wiki.splits.items() for t in ds["doc_id"]}
+    for s, ds in qa.splits.items():
+        answerable = [r["title"] for r in ds if r["answers"]["text"]]
+        assert answerable and all(corpus_split[t] == s for t in answerable)
+    by_text = {p: s for s, ds in wiki.splits.items() for p in ds["text"]}
+    for s, ds in pairs.splits.items():
+        assert all(by_text[t] == s for t in list(ds["text_a"]) + list(ds["text_b"]) if t in by_text)
+    pages = [t for t, _ in _filtered_pages()[0]]
+    counts = Counter(article_split(t, ARTICLES) for t in pages)
+    assert counts["dev"] == counts["test"] == round(0.15 * len(pages))  # exact fractions of the pages
+    other = [article_split(t, articles(seed=1)) for t in pages]
+    assert other != [article_split(t, ARTICLES) for t in pages]
+    with pytest.raises(PrepareError, match="prepare.wiki_articles"):
+        build_source("wiki", wiki_cfg(min_chars=5000), ARTICLES)  # too few articles kept to fill every split
+
+
 def test_wiki_test_split_when_fraction_positive_and_determinism():
-    a = build_source("wiki", wiki_cfg(dev=0.1, test=0.1, seed=3))
-    b = build_source("wiki", wiki_cfg(dev=0.1, test=0.1, seed=3))
-    c = build_source("wiki", wiki_cfg(dev=0.1, test=0.1, seed=4))
+    a = build_source("wiki", wiki_cfg(), articles(dev=0.1, test=0.1, seed=3))
+    b = build_source("wiki", wiki_cfg(), articles(dev=0.1, test=0.1, seed=3))
+    c = build_source("wiki", wiki_cfg(), articles(dev=0.1, test=0.1, seed=4))
     assert list(a.splits) == ["train", "dev", "test"]
     for s in a.splits:
         assert a.splits[s].to_list() == b.splits[s].to_list()
@@ -174,7 +202,7 @@ def test_polarity_wrong_encoding_names_file_line_and_byte():
 
 def test_wiki_pairs_balanced_no_article_leak(paragraph_titles):
     cfg = pairs_cfg(per_article=5)
-    prepared = build_source("wiki_pairs", cfg)
+    prepared = build_source("wiki_pairs", cfg, ARTICLES)
     assert prepared.label_names == ["different", "same"]
     assert list(prepared.splits) == ["train", "dev", "test"]
     split_titles = {}
@@ -200,8 +228,9 @@ def test_wiki_pairs_balanced_no_article_leak(paragraph_titles):
 
 
 def test_wiki_pairs_deterministic():
-    a, b = build_source("wiki_pairs", pairs_cfg(seed=7)), build_source("wiki_pairs", pairs_cfg(seed=7))
-    c = build_source("wiki_pairs", pairs_cfg(seed=8))
+    a, b = (build_source("wiki_pairs", pairs_cfg(seed=7), ARTICLES),
+            build_source("wiki_pairs", pairs_cfg(seed=7), ARTICLES))
+    c = build_source("wiki_pairs", pairs_cfg(seed=8), ARTICLES)
     assert all(a.splits[s].to_list() == b.splits[s].to_list() for s in a.splits)
     assert a.splits["train"].to_list() != c.splits["train"].to_list()
 
@@ -224,7 +253,7 @@ def test_make_cloze_offsets_and_question_words():
 
 def test_wiki_qa_answers_fraction_and_splits():
     cfg = qa_cfg(unanswerable=0.33)
-    prepared = build_source("wiki_qa", cfg)
+    prepared = build_source("wiki_qa", cfg, ARTICLES)
     assert prepared.task_type == "qa" and list(prepared.splits) == ["train", "dev", "test"]
     assert set(prepared.splits["train"].column_names) == {"id", "title", "context", "question", "answers"}
     titles, contexts, ids = {}, {}, []
@@ -248,7 +277,7 @@ def test_wiki_qa_answers_fraction_and_splits():
 
 
 def test_wiki_qa_unanswerable_context_is_from_another_article():
-    prepared = build_source("wiki_qa", qa_cfg(unanswerable=0.5))
+    prepared = build_source("wiki_qa", qa_cfg(unanswerable=0.5), ARTICLES)
     ds = prepared.splits["dev"]
     # The row id encodes the source article; an unanswerable row's context comes from another one.
     by_article = defaultdict(set)
@@ -261,9 +290,10 @@ def test_wiki_qa_unanswerable_context_is_from_another_article():
 
 
 def test_wiki_qa_deterministic_and_questions_per_paragraph():
-    a, b = build_source("wiki_qa", qa_cfg(per_paragraph=2)), build_source("wiki_qa", qa_cfg(per_paragraph=2))
+    a, b = (build_source("wiki_qa", qa_cfg(per_paragraph=2), ARTICLES),
+            build_source("wiki_qa", qa_cfg(per_paragraph=2), ARTICLES))
     assert all(a.splits[s].to_list() == b.splits[s].to_list() for s in a.splits)
-    one = build_source("wiki_qa", qa_cfg(per_paragraph=1))
+    one = build_source("wiki_qa", qa_cfg(per_paragraph=1), ARTICLES)
     n1 = sum(len(ds) for ds in one.splits.values())
     n2 = sum(len(ds) for ds in a.splits.values())
     assert n1 < n2 <= 2 * n1

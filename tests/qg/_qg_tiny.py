@@ -52,14 +52,17 @@ def write_qa(path: Path, n_train: int = 96, n_dev: int = 24, n_test: int = 12, s
     return path
 
 
-def write_corpus(path: Path, rows: list[dict]) -> Path:
-    """A prepared corpus (doc_id, text) with one train split."""
+def write_corpus(path: Path, rows: list[dict], dev: list[dict] | None = None) -> Path:
+    """A prepared corpus (doc_id, text) with a train split (and a dev split of ``dev`` rows)."""
     from datasets import DatasetDict
 
     from distillpipe.data.schema import write_meta
     from distillpipe.data.sources.base import rows_to_dataset
 
-    DatasetDict({"train": rows_to_dataset(rows, "corpus", ["text"])}).save_to_disk(str(path))
+    splits = {"train": rows_to_dataset(rows, "corpus", ["text"])}
+    if dev:
+        splits["dev"] = rows_to_dataset(dev, "corpus", ["text"])
+    DatasetDict(splits).save_to_disk(str(path))
     write_meta(path, {"name": "toy_corpus", "task_type": "corpus", "num_labels": 0, "label_names": [],
                       "text_fields": ["text"], "source": {}, "summary": {}})
     return path

@@ -59,6 +59,15 @@ def test_select_paragraphs(corpus, toy_qa):
         select_paragraphs(toy_qa, None, _cfg())
 
 
+def test_only_the_corpus_train_split_is_read(tmp_path):
+    """The corpus's dev/test articles are held out like a task's (one article partition, prepare.wiki_articles)."""
+    fresh = fresh_paragraphs(8)
+    path = write_corpus(tmp_path / "corpus", fresh[:5], dev=fresh[5:])
+    paragraphs, left_out = select_paragraphs(path, None, _cfg())
+    assert [p.text for p in paragraphs] == [f["text"] for f in fresh[:5]]
+    assert left_out == {"paragraphs of the corpus's dev split": 3}
+
+
 def _rows(out):
     from datasets import load_from_disk
 

@@ -17,8 +17,8 @@ from distillpipe.data.prepare import prepare_dataset
 def prepare(dataset: DatasetOpt, out: Annotated[Path, typer.Option(help="output folder")],
             params: ParamsOpt = Path("params.yaml")) -> None:
     """Read a dataset from its source (embedded, local files, hub) into data/prepared/<dataset>/."""
-    cfg = load_section(params, "prepare", PrepareConfig).dataset(dataset)
-    summary = prepare_dataset(dataset, cfg, out)
+    cfg = load_section(params, "prepare", PrepareConfig)
+    summary = prepare_dataset(dataset, cfg.dataset(dataset), out, cfg.wiki_articles)
     typer.echo(summary.one_line())
 
 

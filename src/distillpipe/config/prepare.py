@@ -22,15 +22,24 @@ class SplitFractions:
 
 
 @dataclass(frozen=True)
+class ArticleSplitConfig:
+    """The one partition of the Wikipedia sample's articles into train/dev/test, shared by every dataset built
+    from it (``wiki``, ``wiki_pairs``, ``wiki_qa``; augment reads the corpus's train split). It is drawn once over
+    all the sample's article pages (``seed``), so an article is in the same split in every dataset, whichever
+    articles each keeps: no dev or test paragraph of a task is in a corpus a student or the QG model trains on."""
+
+    splits: SplitFractions
+    seed: int
+
+
+@dataclass(frozen=True)
 class EmbeddedWikiConfig:
-    """gensim's bundled English Wikipedia sample as an MLM corpus, split by article."""
+    """gensim's bundled English Wikipedia sample as an MLM corpus, split by article (``prepare.wiki_articles``)."""
 
     source: Literal["embedded"]
     asset: Literal["wiki"]
     min_paragraph_chars: int
     """Paragraphs shorter than this (after markup removal) are dropped and counted."""
-    splits: SplitFractions
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -47,20 +56,21 @@ class EmbeddedPolarityConfig:
 
 @dataclass(frozen=True)
 class EmbeddedWikiPairsConfig:
-    """Paragraph pairs from the Wikipedia sample: same article or not (balanced), split by article."""
+    """Paragraph pairs from the Wikipedia sample: same article or not (balanced), split by article
+    (``prepare.wiki_articles``)."""
 
     source: Literal["embedded"]
     asset: Literal["wiki_pairs"]
     min_paragraph_chars: int
     pairs_per_article: int
     """Positive pairs drawn per article; as many negatives are drawn."""
-    splits: SplitFractions
     seed: int
+    """Seeds the drawing of pairs (not the article split)."""
 
 
 @dataclass(frozen=True)
 class EmbeddedWikiQAConfig:
-    """SQuAD-v2-format cloze QA built from the Wikipedia sample, split by article."""
+    """SQuAD-v2-format cloze QA built from the Wikipedia sample, split by article (``prepare.wiki_articles``)."""
 
     source: Literal["embedded"]
     asset: Literal["wiki_qa"]
@@ -68,8 +78,8 @@ class EmbeddedWikiQAConfig:
     questions_per_paragraph: int
     unanswerable_fraction: float
     """Fraction of questions made unanswerable by pairing them with a paragraph of another article."""
-    splits: SplitFractions
     seed: int
+    """Seeds the choice of questions and of unanswerable pairings (not the article split)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.unanswerable_fraction < 1:
@@ -174,8 +184,14 @@ LocalDatasetConfig = Union[LocalGlueConfig, LocalSquadConfig, LocalTextConfig]
 AnyDatasetConfig = Union[PrepareDatasetConfig, LocalDatasetConfig]
 
 
+WIKI_DERIVED = (EmbeddedWikiConfig, EmbeddedWikiPairsConfig, EmbeddedWikiQAConfig)
+"""Datasets built from the Wikipedia sample: they share ``prepare.wiki_articles``."""
+
+
 @dataclass(frozen=True)
 class PrepareConfig:
+    wiki_articles: ArticleSplitConfig
+    """The article partition of every dataset built from the Wikipedia sample."""
     datasets: dict[str, PrepareDatasetConfig]
     """Embedded assets and hub datasets (stage ``prepare@<name>``)."""
     local: dict[str, LocalDatasetConfig]

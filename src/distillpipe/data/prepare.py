@@ -13,7 +13,7 @@ from pathlib import Path
 
 from datasets import DatasetDict
 
-from distillpipe.config.prepare import AnyDatasetConfig
+from distillpipe.config.prepare import WIKI_DERIVED, AnyDatasetConfig, ArticleSplitConfig
 from distillpipe.data import schema
 from distillpipe.data.sources import PrepareError, build_source
 
@@ -41,7 +41,8 @@ class PrepareSummary:
         return f"prepare {self.name}: {self.total_rows:,} rows ({splits}), skipped {skipped}, {self.seconds:.1f} s"
 
 
-def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path) -> PrepareSummary:
+def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path,
+                    wiki_articles: ArticleSplitConfig | None = None) -> PrepareSummary:
     """Build dataset ``name`` from ``cfg`` and write it to ``out_dir`` (replacing what is there).
 
     The folder is written next to ``out_dir`` first and renamed at the end, so a killed run
@@ -50,7 +51,7 @@ def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path) -> PrepareS
     """
     start = time.perf_counter()
     out_dir = Path(out_dir)
-    prepared = build_source(name, cfg)
+    prepared = build_source(name, cfg, wiki_articles)
     for split, ds in prepared.splits.items():
         if len(ds) == 0:
             raise PrepareError(f"prepare: dataset {name}: split {split!r} is empty; check its source and fractions")
@@ -64,6 +65,7 @@ def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path) -> PrepareS
         "text_fields": prepared.text_fields,
         # not the folder of local files: moving the data elsewhere must not change the output
         "source": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "path"},
+        **({"wiki_articles": dataclasses.asdict(wiki_articles)} if isinstance(cfg, WIKI_DERIVED) else {}),
         "summary": {"rows": rows, "skipped": skipped},
     }
     assert prepared.task_type in schema.TASK_TYPES, prepared.task_type

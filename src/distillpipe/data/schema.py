@@ -39,6 +39,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 TASK_TYPES = ("corpus", "classification", "regression", "qa")
 META_FILE = "meta.json"
 CONTEXT_OFFSET_NONE = (-1, -1)
@@ -62,3 +64,12 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
             "(run the stage that writes it first, e.g. `dvc repro prepare`)"
         )
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def regression_bins(labels: Any, width: float) -> np.ndarray:
+    """Bin index of each regression score: the nearest multiple of ``width``, halves rounded up (STS-B scores
+    0..5 in 0.2 bins, CMOW paper after Raffel et al.). Scores arrive as float32 (0.7 is 0.69999998...), so
+    the quotient is first rounded to 6 decimals: 0.7 / 0.2 lands in bin 4 (0.8), not in bin 3 by float noise.
+    The one binning of both the teacher (teacher_finetune) and the students (train/data.py)."""
+    q = np.round(np.asarray(labels, dtype=np.float64) / width, 6)
+    return np.floor(q + 0.5).astype(np.int64)

@@ -1,9 +1,10 @@
 """The ``augment`` stage: generate questions for unlabeled paragraphs (WaLDORf sec. 3.4: 500,000
 Wikipedia paragraphs found in no SQuAD article or paragraph, one T5 question each).
 
-Paragraphs come from a prepared corpus (``doc_id``, ``text``); those of articles in the QA set's
-``exclude_article_splits`` (title = doc_id) and those that are a QA context are left out, the rest
-filtered by length and capped by a seeded sample. The output is a PREPARED QA dataset (SQuAD-v2
+Paragraphs come from the train split of a prepared corpus (``doc_id``, ``text``: its dev/test articles
+are held out like any task's); those of articles in the QA set's ``exclude_article_splits`` (title =
+doc_id) and those that are a QA context are left out, the rest filtered by length and capped by a
+seeded sample. The output is a PREPARED QA dataset (SQuAD-v2
 columns, one ``train`` split, every ``answers`` empty) whose meta.json says ``labeled: false`` and
 records the generator's sha256 and the params: tokenize and teacher_cache treat it like any QA set,
 and students train on it with teacher losses only (WaLDORf eq. (8)).
@@ -132,23 +133,29 @@ def select_paragraphs(corpus_dir: Path, exclude_dir: Path | None,
     elif cfg.exclude_article_splits:
         log.warning("augment: no QA set given (--exclude), so no article or context is left out")
     corpus = load_from_disk(str(corpus_dir))
+    if "train" not in corpus:
+        raise QgError(f"{corpus_dir} has no train split (it has {list(corpus)}): augment reads the corpus's train "
+                      "paragraphs only")
     left_out: Counter[str] = Counter()
+    for split in corpus:
+        if split != "train":
+            left_out[f"paragraphs of the corpus's {split} split"] += len(corpus[split])
     seen: set[str] = set()
     out: list[Paragraph] = []
-    for split in corpus:
-        for doc_id, text in zip(corpus[split]["doc_id"], corpus[split]["text"]):
-            text = text.strip()
-            if doc_id in titles:
-                left_out["paragraphs of excluded articles"] += 1
-            elif text in contexts:
-                left_out["QA contexts"] += 1
-            elif len(text) < cfg.min_paragraph_chars:
-                left_out["short paragraphs"] += 1
-            elif text in seen:
-                left_out["duplicate paragraphs"] += 1
-            else:
-                seen.add(text)
-                out.append(Paragraph(doc_id, text))
+    train = corpus["train"]
+    for doc_id, text in zip(train["doc_id"], train["text"]):
+        text = text.strip()
+        if doc_id in titles:
+            left_out["paragraphs of excluded articles"] += 1
+        elif text in contexts:
+            left_out["QA contexts"] += 1
+        elif len(text) < cfg.min_paragraph_chars:
+            left_out["short paragraphs"] += 1
+        elif text in seen:
+            left_out["duplicate paragraphs"] += 1
+        else:
+            seen.add(text)
+            out.append(Paragraph(doc_id, text))
     if cfg.max_paragraphs is not None and len(out) > cfg.max_paragraphs:
         left_out["over max_paragraphs"] = len(out) - cfg.max_paragraphs
         keep = sorted(random.Random(cfg.seed).sample(range(len(out)), cfg.max_paragraphs))

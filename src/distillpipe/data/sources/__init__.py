@@ -5,10 +5,12 @@ TSV, SQuAD JSON, text/JSONL corpora) and the Hugging Face hub. Each builder turn
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from distillpipe.config.prepare import (
+    WIKI_DERIVED,
     AnyDatasetConfig,
+    ArticleSplitConfig,
     EmbeddedPolarityConfig,
     EmbeddedWikiConfig,
     EmbeddedWikiPairsConfig,
@@ -27,7 +29,7 @@ from distillpipe.data.sources.text import build_text
 from distillpipe.data.sources.wiki import build_wiki, build_wiki_pairs
 from distillpipe.data.sources.wiki_qa import build_wiki_qa
 
-BUILDERS: dict[type, Callable[[str, AnyDatasetConfig], Prepared]] = {
+BUILDERS: dict[type, Callable[..., Prepared]] = {
     EmbeddedWikiConfig: build_wiki,
     EmbeddedPolarityConfig: build_polarity,
     EmbeddedWikiPairsConfig: build_wiki_pairs,
@@ -39,11 +41,16 @@ BUILDERS: dict[type, Callable[[str, AnyDatasetConfig], Prepared]] = {
 }
 
 
-def build_source(name: str, cfg: AnyDatasetConfig) -> Prepared:
-    """Build the splits of dataset ``name`` from its config (dispatch on the config type)."""
+def build_source(name: str, cfg: AnyDatasetConfig, wiki_articles: ArticleSplitConfig | None = None) -> Prepared:
+    """Build the splits of dataset ``name`` from its config (dispatch on the config type); a dataset built from
+    the Wikipedia sample needs the shared article partition ``wiki_articles``."""
     builder = BUILDERS.get(type(cfg))
     if builder is None:
         raise TypeError(f"no source builder for {type(cfg).__name__}")  # programming error
+    if isinstance(cfg, WIKI_DERIVED):
+        if wiki_articles is None:
+            raise TypeError(f"{name}: a dataset of the Wikipedia sample needs the article partition")
+        return builder(name, cfg, wiki_articles)
     return builder(name, cfg)
 
 

@@ -1,7 +1,10 @@
 """gensim's bundled English Wikipedia sample: page extraction and markup clean-up into paragraphs,
 the ``wiki`` MLM corpus and the ``wiki_pairs`` same-article task built on it.
 
-Every dataset derived from the sample is split by ARTICLE, so no article's text is in two splits.
+Every dataset derived from the sample is split by ARTICLE, by one partition of the articles shared by all of
+them (``prepare.wiki_articles``, :func:`article_split`): no article's text is in two splits of a dataset,
+nor in the training split of one dataset and the dev/test split of another (a transductive leak: the MLM corpus
+would teach the student the very paragraphs its tasks are scored on).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from distillpipe.config.prepare import EmbeddedWikiConfig, EmbeddedWikiPairsConfig
-from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset, split_units
+from distillpipe.config.prepare import ArticleSplitConfig, EmbeddedWikiConfig, EmbeddedWikiPairsConfig, SplitFractions
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset, split_names, split_units
 from distillpipe.data.sources.embedded import gensim_test_file
 
 logger = logging.getLogger(__name__)
@@ -122,11 +125,41 @@ def wiki_articles(min_paragraph_chars: int, skips: Skips) -> list[Article]:
     return articles
 
 
-def build_wiki(name: str, cfg: EmbeddedWikiConfig) -> Prepared:
+def article_split(title: str, partition: ArticleSplitConfig) -> str:
+    """``train``, ``dev`` or ``test``: where ``partition`` puts the sample's article ``title``. The partition is drawn
+    once over every article page of the sample (a seeded shuffle of the sorted titles, exact fractions), before any
+    dataset drops articles by its own filters: each dataset built from the sample puts an article in the same
+    split."""
+    splits = _partition(partition.splits.dev, partition.splits.test, partition.seed)
+    if title not in splits:
+        raise KeyError(f"{title!r} is not an article of the Wikipedia sample")  # programming error
+    return splits[title]
+
+
+@functools.lru_cache(maxsize=4)
+def _partition(dev: float, test: float, seed: int) -> dict[str, str]:
+    titles = sorted(title for title, _ in _filtered_pages()[0])
+    parts = split_units(titles, SplitFractions(dev, test), seed, "article pages", "prepare.wiki_articles")
+    return {t: split for split, ts in parts.items() for t in ts}
+
+
+def split_articles(articles: list[Article], partition: ArticleSplitConfig) -> dict[str, list[Article]]:
+    """The articles of each split, in sample order (see :func:`article_split`); refuses an empty split."""
+    names = split_names(partition.splits)
+    out: dict[str, list[Article]] = {name: [] for name in names}
+    for a in articles:
+        out[article_split(a.title, partition)].append(a)
+    empty = [name for name in names if not out[name]]
+    if empty:
+        raise PrepareError(f"prepare.wiki_articles: the {len(articles)} articles kept leave {empty} empty with "
+                           f"dev={partition.splits.dev}, test={partition.splits.test}; raise those fractions")
+    return out
+
+
+def build_wiki(name: str, cfg: EmbeddedWikiConfig, partition: ArticleSplitConfig) -> Prepared:
     """MLM corpus: one row per paragraph (doc_id = article title), split by article."""
     skips = Skips()
-    articles = wiki_articles(cfg.min_paragraph_chars, skips)
-    parts = split_units(articles, cfg.splits, cfg.seed, "articles", f"prepare.datasets.{name}.splits")
+    parts = split_articles(wiki_articles(cfg.min_paragraph_chars, skips), partition)
     splits = {
         split: rows_to_dataset([{"doc_id": a.title, "text": p} for a in arts for p in a.paragraphs], "corpus", ["text"])
         for split, arts in parts.items()
@@ -175,11 +208,11 @@ def _unrank_pair(rank: int, n: int) -> tuple[int, int]:
     return a, a + 1 + rank
 
 
-def rows_by_article_split(key: str, cfg, skips: Skips, make_rows) -> dict[str, list[dict]]:
-    """Split the sample's articles first (``cfg.splits``, ``cfg.seed``), then build each split's
-    rows with ``make_rows(split, articles, rng)``, so no article is in two splits."""
-    articles = wiki_articles(cfg.min_paragraph_chars, skips)
-    parts = split_units(articles, cfg.splits, cfg.seed, "articles", f"{key}.splits")
+def rows_by_article_split(key: str, cfg, partition: ArticleSplitConfig, skips: Skips,
+                          make_rows) -> dict[str, list[dict]]:
+    """Split the sample's articles first (``partition``), then build each split's rows with
+    ``make_rows(split, articles, rng)`` (``rng`` seeded by ``cfg.seed``), so no article is in two splits."""
+    parts = split_articles(wiki_articles(cfg.min_paragraph_chars, skips), partition)
     out = {}
     for index, (split, arts) in enumerate(parts.items()):
         try:
@@ -189,11 +222,11 @@ def rows_by_article_split(key: str, cfg, skips: Skips, make_rows) -> dict[str, l
     return out
 
 
-def build_wiki_pairs(name: str, cfg: EmbeddedWikiPairsConfig) -> Prepared:
+def build_wiki_pairs(name: str, cfg: EmbeddedWikiPairsConfig, partition: ArticleSplitConfig) -> Prepared:
     """Pair classification: are two paragraphs from the same article? (Split by article.)"""
     skips = Skips()
     text_fields = ["text_a", "text_b"]
-    rows = rows_by_article_split(f"prepare.datasets.{name}", cfg, skips, lambda split, arts, rng:
+    rows = rows_by_article_split(f"prepare.datasets.{name}", cfg, partition, skips, lambda split, arts, rng:
                                  _pairs_for_split(split, arts, cfg.pairs_per_article, rng, skips))
     splits = {split: rows_to_dataset(r, "classification", text_fields) for split, r in rows.items()}
     return Prepared(splits, "classification", list(PAIR_LABELS), text_fields, skips)

@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from distillpipe.config.prepare import EmbeddedWikiQAConfig
+from distillpipe.config.prepare import ArticleSplitConfig, EmbeddedWikiQAConfig
 from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset
 from distillpipe.data.sources.wiki import Article, rows_by_article_split
 
@@ -144,10 +144,10 @@ def _rows_for_split(split: str, articles: list[Article], cfg: EmbeddedWikiQAConf
     return rows
 
 
-def build_wiki_qa(name: str, cfg: EmbeddedWikiQAConfig) -> Prepared:
+def build_wiki_qa(name: str, cfg: EmbeddedWikiQAConfig, partition: ArticleSplitConfig) -> Prepared:
     skips = Skips()
     text_fields = ["question", "context"]
-    rows = rows_by_article_split(f"prepare.datasets.{name}", cfg, skips, lambda split, arts, rng:
+    rows = rows_by_article_split(f"prepare.datasets.{name}", cfg, partition, skips, lambda split, arts, rng:
                                  _rows_for_split(split, arts, cfg, rng, skips))
     splits = {split: rows_to_dataset(r, "qa", text_fields) for split, r in rows.items()}
     return Prepared(splits, "qa", [], text_fields, skips)
