@@ -30,7 +30,7 @@ def make_tiny_bert_dir(path: Path, *, hidden: int = 32, layers: int = 2, heads: 
     path.mkdir(parents=True, exist_ok=True)
     vocab = path / "vocab.txt"
     vocab.write_text("\n".join(SPECIAL + WORDS) + "\n")
-    BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(path)
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(path)
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=hidden, num_hidden_layers=layers,
                      num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=64,
@@ -126,9 +126,10 @@ def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n
 
 
 def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 0, max_seq_len: int = 32,
-                    n_dev: int = 0) -> Path:
+                    n_dev: int = 0, repeat: bool = False) -> Path:
     """Random MLM rows in the tokens format (lengths vary, a few masked positions each); the first
-    ``n_dev`` rows form a dev split when ``n_dev`` > 0."""
+    ``n_dev`` rows form a dev split when ``n_dev`` > 0. ``repeat``: each row is one token repeated, so a
+    masked token can be read from its context."""
     from datasets import Dataset, DatasetDict
 
     from distillpipe.data.schema import write_meta
@@ -138,7 +139,8 @@ def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 
                             "masked_labels")}
     for i in range(n_rows):
         n = int(rng.integers(6, max_seq_len + 1))
-        ids = [2] + rng.integers(5, 65, size=n - 2).tolist() + [3]
+        body = [int(rng.integers(5, 65))] * (n - 2) if repeat else rng.integers(5, 65, size=n - 2).tolist()
+        ids = [2] + body + [3]
         pos = sorted(rng.choice(np.arange(1, n - 1), size=max(1, (n - 2) // 7), replace=False).tolist())
         labels = [ids[p] for p in pos]
         for p in pos:

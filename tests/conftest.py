@@ -27,7 +27,7 @@ def _find_shared_data() -> Path | None:
 SHARED_DATA = _find_shared_data()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real-format SQuAD v2 / GLUE samples (tests of the real-data loaders need them)."""
     if SHARED_DATA is None:

@@ -55,7 +55,7 @@ def save_teacher_dir(path: Path, model) -> Path:
     vocab = path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)])
                      + "\n")
-    BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(path)
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(path)
     model.save_pretrained(path)
     return path
 

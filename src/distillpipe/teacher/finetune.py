@@ -1,10 +1,11 @@
 """Teacher fine-tuning (the ``teacher_finetune`` stage).
 
-``finetune_teacher`` fine-tunes an imported teacher on a
-tokenized task: classification, regression cast to classification by bins (CMOW paper, after
-Raffel et al.: STS-B in 0.2 bins) and extractive QA (start/end). It resumes from its own
-checkpoints (model, optimizer, scheduler, RNG, position in the epoch) and writes the model in
-``save_pretrained`` layout with its dev metrics.
+``finetune_teacher`` fine-tunes an imported teacher on a tokenized task: classification, regression
+cast to classification by bins (CMOW paper, after Raffel et al.: STS-B in 0.2 bins), extractive QA
+(start/end), or, on an MLM corpus, an MLM prediction head for a teacher that has none
+(:mod:`distillpipe.teacher.mlm_head`). It resumes from its own checkpoints (model, optimizer,
+scheduler, RNG, position in the epoch) and writes the model in ``save_pretrained`` layout with its
+dev (and test) metrics and the per-example records behind them (``predictions.json``).
 """
 
 from __future__ import annotations
@@ -26,14 +27,19 @@ from tqdm.auto import tqdm
 from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
-from distillpipe.data.schema import read_meta
+from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
+from distillpipe.evaluate.scoring import Scored, example_ids, score_classification, score_qa
 from distillpipe.identity import code_digests, json_sha256
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
+from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss, score_mlm
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.json"
+PREDICTIONS_FILE = "predictions.json"
+"""Per-example records of the scored splits (evaluate/scoring.py), for the report's intervals and paired tests."""
 
 
 class FinetuneError(UserError, ValueError):
@@ -54,23 +60,26 @@ class FinetuneSummary:
                 f"{self.seconds:.1f} s; dev {m}")
 
 
-_HEADLINE = ("accuracy", "f1", "matthews", "pearson", "spearman", "exact", "loss")
+_HEADLINE = ("accuracy", "f1", "matthews", "pearson", "spearman", "exact", "mlm_accuracy", "perplexity")
 
 
 def _build_model(base_dir: Path, task_type: str, num_labels: int, label_names: list[str] | None):
     from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
+    if task_type == "corpus":
+        return build_mlm_model(base_dir)
+
     # transformers' load report lists the new head as MISSING, which reads like an error here.
     hf_logging.set_verbosity_error()
     log.info("initialising a new %s head on %s", "QA (start/end)" if task_type == "qa" else
              f"{num_labels}-way classification", base_dir)
     if task_type == "qa":
-        return AutoModelForQuestionAnswering.from_pretrained(base_dir)
+        return AutoModelForQuestionAnswering.from_pretrained(base_dir), True
     kwargs = {}
     if label_names:
         kwargs = {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
-    return AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=num_labels, **kwargs)
+    return AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=num_labels, **kwargs), True
 
 
 def _labels(task_type: str, rows: dict[str, list], bin_width: float | None) -> dict[str, torch.Tensor]:
@@ -78,15 +87,15 @@ def _labels(task_type: str, rows: dict[str, list], bin_width: float | None) -> d
         return {"start_positions": torch.tensor(rows["start_positions"]),
                 "end_positions": torch.tensor(rows["end_positions"])}
     if task_type == "regression":
-        return {"labels": torch.round(torch.tensor(rows["label"], dtype=torch.float64) / bin_width).long()}
+        return {"labels": torch.from_numpy(regression_bins(rows["label"], bin_width))}
     return {"labels": torch.tensor(rows["label"], dtype=torch.long)}
 
 
 def _check_task(task: str, meta: dict, cfg: TeacherFinetuneTaskConfig) -> tuple[str, int, list[str] | None]:
     task_type = meta["task_type"]
-    if task_type == "corpus":
-        raise FinetuneError(f"teacher_finetune.tasks.{task}: {task} is an MLM corpus, not a task; "
-                            "remove it from teacher_finetune")
+    if task_type == "corpus" and meta.get("kind") != "mlm":
+        raise FinetuneError(f"teacher_finetune.tasks.{task}: {task} is a corpus tokenized as {meta.get('kind')!r}; "
+                            "an MLM head trains on MLM tokens (tokenize kind: mlm)")
     if (task_type == "regression") != (cfg.regression_bin_width is not None):
         raise FinetuneError(f"teacher_finetune.tasks.{task}.regression_bin_width must be set for regression tasks "
                             f"and null otherwise ({task} is {task_type})")
@@ -117,22 +126,23 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
         # In memory: a cache file written beside the tokens would modify another stage's DVC output.
         train = train.shuffle(seed=cfg.seed, keep_in_memory=True).select(range(cfg.max_train_rows), keep_in_memory=True)
     if task_type == "regression":
-        num_labels = int(round(max(train["label"]) / cfg.regression_bin_width)) + 1
+        num_labels = int(regression_bins([max(train["label"])], cfg.regression_bin_width)[0]) + 1
     dev_device = resolve_device(device)
 
     seed_everything(cfg.seed)
-    model = _build_model(base_dir, task_type, num_labels, label_names).to(dev_device)
+    model, trains = _build_model(base_dir, task_type, num_labels, label_names)
+    model.to(dev_device)
     model.config.distillpipe = {"task": task, "task_type": task_type, "regression_bin_width": cfg.regression_bin_width}
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # MLM: the new head's only
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
-         "weight_decay": cfg.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+        {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
     ]
     optimizer = adamw(groups, lr=cfg.lr)
     lengths = np.asarray(train["length"])
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
+    total = steps_per_epoch * cfg.epochs if trains else 0  # a masked LM that has its head: kept as it is
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_fraction * total), total)
 
     # Resume only a run of the same task, params, tokens (content), base weights, code and device type; anything
@@ -162,21 +172,26 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
             "step_in_epoch": step_in_epoch, "step": step})
 
     pad_id = meta["tokenizer"]["pad_id"]
-    columns = ["input_ids", "token_type_ids"] + (["start_positions", "end_positions"] if task_type == "qa"
-                                                 else ["label"])
+    columns = (MLM_COLUMNS if task_type == "corpus" else ["input_ids", "token_type_ids"]
+               + (["start_positions", "end_positions"] if task_type == "qa" else ["label"]))
     train_cols = train.select_columns(columns)
     bar = tqdm(total=total, initial=step, desc=f"fine-tune {task}", unit="step")
     model.train()
-    while epoch < cfg.epochs:
+    if task_type == "corpus":
+        model.base_model.eval()  # frozen: no dropout in the features the head learns from
+    while epoch < cfg.epochs and trains:
         batches = length_batches(lengths, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
         for idx in batches[step_in_epoch:]:
             rows = train_cols[idx.tolist()]
-            inputs = {k: v.to(dev_device) for k, v in collate_tokens(rows, pad_id).items()}
-            labels = {k: v.to(dev_device) for k, v in _labels(task_type, rows, cfg.regression_bin_width).items()}
-            with autocast(dev_device):
-                loss = model(**inputs, **labels).loss
+            if task_type == "corpus":
+                loss = mlm_loss(model, rows, pad_id, dev_device)
+            else:
+                inputs = {k: v.to(dev_device) for k, v in collate_tokens(rows, pad_id).items()}
+                labels = {k: v.to(dev_device) for k, v in _labels(task_type, rows, cfg.regression_bin_width).items()}
+                with autocast(dev_device):
+                    loss = model(**inputs, **labels).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -190,14 +205,17 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
         checkpoint()
     bar.close()
 
-    metrics = evaluate_teacher(model, data["dev"], task_type, pad_id, dev_device, cfg.batch_size,
-                               cfg.regression_bin_width, prepared_dir)
-    report = {"task": task, "train_rows": len(train), "steps": step, **metrics}
+    dev = score_teacher(model, data["dev"], task_type, pad_id, dev_device, cfg.batch_size, cfg.regression_bin_width,
+                        prepared_dir)
+    metrics = dev.metrics
+    report = {"task": task, "tokens": meta["fingerprint"], "train_rows": len(train), "steps": step, **metrics}
+    predictions = {"task": task, "tokens": meta["fingerprint"], "dev": dev.examples}
     if "test" in data:  # scored once here, so every student evaluation can show it without re-running the teacher
-        report["test"] = evaluate_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
-                                          cfg.regression_bin_width, prepared_dir, split="test",
-                                          threshold=metrics.get("threshold"))  # QA: dev's null threshold
-    _save(model, base_dir, out_dir, report)
+        test = score_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
+                             cfg.regression_bin_width, prepared_dir, split="test",
+                             threshold=metrics.get("threshold"))  # QA: dev's null threshold
+        report["test"], predictions["test"] = test.metrics, test.examples
+    _save(model, base_dir, out_dir, report, predictions)
     metrics_path = Path(metrics_path)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -228,35 +246,37 @@ def predict(model, rows, pad_id: int, device: torch.device, batch_size: int) -> 
     return tuple(outs)
 
 
-def evaluate_teacher(model, dev, task_type: str, pad_id: int, device: torch.device, batch_size: int,
-                     bin_width: float | None, prepared_dir: str | Path, split: str = "dev",
-                     threshold: float | None = None) -> dict[str, float]:
-    """Metrics of a fine-tuned teacher on the token rows ``dev`` of ``split`` (QA: examples from ``prepared_dir``;
-    the no-answer ``threshold`` is tuned on these rows when None, so pass dev's when scoring test)."""
-    from distillpipe.evaluate.metrics import classification_metrics, regression_metrics
-
-    outs = predict(model, dev, pad_id, device, batch_size)
+def score_teacher(model, rows, task_type: str, pad_id: int, device: torch.device, batch_size: int,
+                  bin_width: float | None, prepared_dir: str | Path, split: str = "dev",
+                  threshold: float | None = None) -> Scored:
+    """Scores and per-example records of a fine-tuned teacher on the token ``rows`` of ``split``, by the code that
+    scores students (:mod:`distillpipe.evaluate.scoring`): QA from ``prepared_dir``'s examples, the no-answer
+    ``threshold`` tuned on these rows when None (pass dev's when scoring test); regression by the expected value
+    over the bins."""
+    if task_type == "corpus":
+        return score_mlm(model, rows, pad_id, device, batch_size)
+    outs = predict(model, rows, pad_id, device, batch_size)
     if task_type == "qa":
         from datasets import load_from_disk
 
-        from distillpipe.evaluate.squad import best_spans, squad_v2_scores
-
         examples = load_from_disk(str(prepared_dir))[split]
-        lengths = dev["length"]
+        lengths = rows["length"]
         starts = [s[:n] for s, n in zip(outs[0], lengths)]
         ends = [e[:n] for e, n in zip(outs[1], lengths)]
-        windows = dev.select_columns(["example_id", "offset_mapping"])
-        preds = best_spans(examples, windows, starts, ends)
-        return squad_v2_scores(examples, preds, threshold=threshold)
-    logits = np.stack(outs[0])
-    labels = np.asarray(dev["label"])
-    if task_type == "regression":
-        return regression_metrics(labels, logits.argmax(-1) * bin_width)
-    keep = labels >= 0  # unlabeled rows (label -1) are not scored
-    return classification_metrics(labels[keep], logits.argmax(-1)[keep])
+        return score_qa(examples, rows.select_columns(["example_id", "offset_mapping"]), starts, ends, threshold)
+    return score_classification(example_ids(rows), rows["label"], np.stack(outs[0]),
+                                bin_width if task_type == "regression" else None)
 
 
-def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any]) -> None:
+def evaluate_teacher(model, rows, task_type: str, pad_id: int, device: torch.device, batch_size: int,
+                     bin_width: float | None, prepared_dir: str | Path, split: str = "dev",
+                     threshold: float | None = None) -> dict[str, float]:
+    """The metrics of :func:`score_teacher`."""
+    return score_teacher(model, rows, task_type, pad_id, device, batch_size, bin_width, prepared_dir, split,
+                         threshold).metrics
+
+
+def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any], predictions: dict[str, Any]) -> None:
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -265,5 +285,6 @@ def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any]) -> None
         if (base_dir / name).is_file():
             shutil.copy2(base_dir / name, tmp / name)
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    (tmp / PREDICTIONS_FILE).write_text(json.dumps(predictions, sort_keys=True) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)

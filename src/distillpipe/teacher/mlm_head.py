@@ -1,0 +1,116 @@
+"""An MLM prediction head for a teacher that has none (``teacher_finetune`` on an MLM corpus).
+
+General distillation in the CMOW paper (sec. III-B, IV-A) needs the teacher's MLM distribution at the
+masked positions. A checkpoint without an MLM head (the embedded MiniLM, a sentence encoder) gets a BERT
+prediction head: transform (dense + GELU + LayerNorm), decoder tied to the input embeddings, and a
+per-token bias (``BertOnlyMLMHead``). Only the head's own parameters train, on the corpus's static
+masks; the encoder and the embeddings (hence the tied decoder) stay frozen, so the teacher's hidden
+states and attention are the ones it had, and its cached MLM targets describe that same encoder.
+
+A checkpoint that has its MLM head (bert-base-uncased, bert-large-uncased-whole-word-masking) is kept as
+it is: no step is taken, and the stage only scores it and saves it.
+
+The head is applied at the masked positions only, (n, d) -> (n, V), never to every position: the (B, T, V)
+logits of a 30k vocabulary would cost T/M (~7x) more for nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from distillpipe.data.batching import collate_tokens, length_batches, pad_sequences
+from distillpipe.evaluate.scoring import Scored
+from distillpipe.runtime import autocast
+
+log = logging.getLogger(__name__)
+COLUMNS = ["input_ids", "token_type_ids", "masked_positions", "masked_labels"]
+TOPK_MASS = (8, 16, 32, 64, 128, 256)
+"""k whose mean top-k probability mass :func:`score_mlm` reports: the measurement that sizes teacher_cache's
+``mlm_topk`` (what the k cached logits keep of the distribution; the rest is one tail bucket)."""
+
+
+def build_mlm_model(base_dir: Path) -> tuple[nn.Module, bool]:
+    """``(model, head_is_new)``: ``base_dir`` loaded as a masked LM; when its checkpoint has no MLM head the head
+    is freshly initialised and everything else is frozen (``head_is_new``), otherwise nothing is frozen and
+    nothing will train."""
+    from transformers import AutoModelForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the new head is reported as MISSING, which reads like an error here
+    model, info = AutoModelForMaskedLM.from_pretrained(base_dir, output_loading_info=True)
+    prefix = model.base_model_prefix + "."
+    missing = [k for k in info["missing_keys"] if not k.startswith(prefix)]
+    if not missing:
+        log.info("%s has its MLM head: kept as it is (no training)", base_dir)
+        return model, False
+    log.info("initialising a BERT MLM head on %s (new: %s); the encoder and embeddings stay frozen", base_dir,
+             ", ".join(sorted(missing)[:4]) + (" ..." if len(missing) > 4 else ""))
+    for p in model.base_model.parameters():
+        p.requires_grad_(False)  # the tied decoder weight is the input embedding: frozen with it
+    return model, True
+
+
+def head_module(model: nn.Module) -> nn.Module:
+    """The part of a masked LM after its encoder (``cls`` for BERT, ``lm_head`` for RoBERTa)."""
+    heads = [m for name, m in model.named_children() if name != model.base_model_prefix]
+    if len(heads) != 1:
+        raise ValueError(f"{type(model).__name__}: expected one head module beside the encoder, found {len(heads)}")
+    return heads[0]
+
+
+def masked_logits(model: nn.Module, inputs: dict[str, torch.Tensor], positions: torch.Tensor,
+                  valid: torch.Tensor) -> torch.Tensor:
+    """(n, V) head logits at the ``valid`` entries of ``positions`` (B, M); the encoder runs without gradients."""
+    with torch.no_grad():
+        seq = model.base_model(**inputs).last_hidden_state  # (B, T, d)
+    B, M = positions.shape
+    hidden = seq.gather(1, positions.clamp(min=0)[..., None].expand(B, M, seq.shape[-1]))  # (B, M, d)
+    return head_module(model)(hidden[valid])  # (n, V)
+
+
+def mlm_batch(rows: dict[str, list], pad_id: int, device: torch.device):
+    """(encoder inputs, positions (B, M), valid (B, M), labels (n,)) of a columnar batch of MLM token rows."""
+    inputs = {k: v.to(device) for k, v in collate_tokens(rows, pad_id).items()}
+    positions = pad_sequences(rows["masked_positions"], -1).to(device)
+    valid = positions >= 0
+    labels = pad_sequences(rows["masked_labels"], -1).to(device)[valid]
+    return inputs, positions, valid, labels
+
+
+def mlm_loss(model: nn.Module, rows: dict[str, list], pad_id: int, device: torch.device) -> torch.Tensor:
+    """Mean cross-entropy of the masked tokens of a batch."""
+    inputs, positions, valid, labels = mlm_batch(rows, pad_id, device)
+    with autocast(device):
+        logits = masked_logits(model, inputs, positions, valid)
+    return nn.functional.cross_entropy(logits.float(), labels)
+
+
+@torch.inference_mode()
+def score_mlm(model: nn.Module, rows, pad_id: int, device: torch.device, batch_size: int) -> Scored:
+    """Masked-token accuracy, mean cross-entropy and perplexity (exp of it) at the static masks of ``rows``, and
+    ``top<k>_mass``: the mean probability the k most likely tokens hold (for k in :data:`TOPK_MASS`)."""
+    was = model.training
+    model.eval()
+    cols = rows.select_columns(COLUMNS)
+    loss_sum, correct, count = 0.0, 0, 0
+    mass = dict.fromkeys(TOPK_MASS, 0.0)
+    for idx in length_batches(np.asarray(rows["length"]), batch_size):
+        inputs, positions, valid, labels = mlm_batch(cols[idx.tolist()], pad_id, device)
+        with autocast(device):
+            logits = masked_logits(model, inputs, positions, valid).float()
+        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        correct += int((logits.argmax(-1) == labels).sum())
+        count += int(labels.numel())
+        top = logits.softmax(-1).topk(min(max(TOPK_MASS), logits.shape[-1]), dim=-1).values.cumsum(-1)  # (n, K)
+        for k in TOPK_MASS:
+            mass[k] += float(top[:, min(k, top.shape[-1]) - 1].sum())
+    model.train(was)
+    loss = loss_sum / max(count, 1)
+    return Scored({"mlm_accuracy": correct / max(count, 1), "mlm_loss": loss, "perplexity": math.exp(loss),
+                   "masked_tokens": count, **{f"top{k}_mass": v / max(count, 1) for k, v in mass.items()}})
