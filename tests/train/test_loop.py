@@ -219,3 +219,34 @@ def test_mixture_resumes_mid_epoch_with_the_same_batches(toy):
     resumed = mixture()
     resumed.load_state_dict(state)
     assert head + [key(b) for b in resumed] == full
+
+
+def test_collate_crops_attention_probabilities_on_positions_not_heads():
+    """attn_probs are (B, H, L, L): a batch of T tokens keeps every head and the first T x T positions."""
+    rows = {"input_ids": [[2, 9, 9, 3], [2, 9, 3]], "token_type_ids": [[0] * 4, [0] * 3], "label": [0, 1]}
+    probs = np.random.default_rng(0).random((2, 3, 8, 8)).astype(np.float16)
+    _, targets = collate(rows, {"attn_probs/L2": probs}, kind="classification", pad_id=0, labeled=True, pairs=False,
+                         pool=1)
+    got = targets["attn_probs/L2"]
+    assert got.shape == (2, 3, 4, 4)
+    assert torch.equal(got, torch.from_numpy(probs[:, :, :4, :4]).float())
+
+
+def test_early_stopping_survives_a_kill_after_its_checkpoint(toy, tmp_path):
+    """Killed right after the checkpoint of the evaluation that stopped the run, the resumed run must stop too
+    (it kept training: stopped_early was not in the checkpoint)."""
+    run = _cls_run(optim=_optim(epochs=12, eval_every=4, patience=1, checkpoint_every=100))
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
+                                                               "runs": {"toy-run": run}}})
+    ref = _cli(toy, params, tmp_path / "ref")
+    assert ref.returncode == 0 and "stopped early" in ref.stdout, ref.stderr
+    stop = json.loads((tmp_path / "ref.json").read_text())["steps"]
+    assert stop < 12 * 12  # it did stop early
+    killed = _cli(toy, params, tmp_path / "res", kill_at=stop)
+    assert killed.returncode == -9, killed.stderr
+    resumed = _cli(toy, params, tmp_path / "res")
+    assert resumed.returncode == 0 and f"resuming toy-run at step {stop}/" in resumed.stderr, resumed.stderr
+    assert json.loads((tmp_path / "res.json").read_text())["steps"] == stop
+    a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -43,6 +43,8 @@ class TaskSpec:
     """Pairs: BERT-like joint encoding or DiffCat [a, |a-b|, b] of separate encodings."""
     head: HeadConfig | None
     """Classification head; None for 'mlm' and 'qa' (whose heads are fixed by the student)."""
+    bin_width: float | None = None
+    """A regression task cast to ``num_labels`` bins of this width (STS-B: 0.2, the teacher's); None otherwise."""
 
     def __post_init__(self) -> None:
         if (self.kind == "classification") != (self.num_labels > 0):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from distillpipe.data.batching import pad_sequences
-from distillpipe.data.schema import read_meta
+from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
 from distillpipe.store.loader import BlockLoader
 from distillpipe.store.reader import open_store
@@ -114,10 +114,13 @@ def _columns(kind: str, available: Sequence[str]) -> list[str]:
 
 
 def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind: str, pad_id: int, labeled: bool,
-            pairs: bool, pool: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+            pairs: bool, pool: int, bin_width: float | None = None) -> tuple[dict[str, torch.Tensor],
+                                                                           dict[str, torch.Tensor]]:
     """(batch for the student, targets for the losses). ``arrays`` are the teacher-cache rows of the same
     rows (None for evaluation). Targets: ``labels`` (B,) / ``start_positions``, ``end_positions`` (B,) /
-    ``mlm_labels`` (B, M) with IGNORE for no ground truth; teacher arrays cropped to the batch length."""
+    ``mlm_labels`` (B, M) with IGNORE for no ground truth; teacher arrays cropped to the batch length.
+    ``bin_width``: regression labels become the index of their bin, ``round(label / bin_width)``, as the
+    teacher was fine-tuned on them (:func:`distillpipe.data.schema.regression_bins`)."""
     ids = rows["input_ids"]
     input_ids = pad_sequences(ids, pad_id)  # (B, T)
     B, T = input_ids.shape
@@ -147,10 +150,12 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
         targets["mlm_labels"] = pad_sequences(rows["masked_labels"], IGNORE).masked_fill(~has_truth[:, None], IGNORE)
     elif kind == "classification":
         labels = torch.as_tensor(np.asarray(rows["label"]))
+        unlabeled = (labels < 0) | ~has_truth  # GLUE test rows carry -1
         if labels.is_floating_point():
-            raise TrainDataError("regression labels reached the student loop: student training on regression tasks "
-                                 "needs labels binned like the teacher's (not supported yet)")
-        targets["labels"] = labels.long().masked_fill((labels < 0) | ~has_truth, IGNORE)
+            if bin_width is None:
+                raise TrainDataError("regression labels reached the student loop without the teacher's bin width")
+            labels = torch.from_numpy(regression_bins(labels.numpy(), bin_width))
+        targets["labels"] = labels.long().masked_fill(unlabeled, IGNORE)
     elif kind == "qa":
         for k in ("start_positions", "end_positions"):
             targets[k] = torch.as_tensor(np.asarray(rows[k]), dtype=torch.long).masked_fill(~has_truth, IGNORE)
@@ -168,8 +173,10 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
                 t = t[:, :Tp]
             elif name.startswith("attn_scores/"):
                 t = t[:, :, :Tp, :Tp]
-            elif name.startswith("attn_probs/") or name == "embeddings":
-                t = t[:, :T, :T] if name.startswith("attn_probs/") else t[:, :T]
+            elif name.startswith("attn_probs/"):
+                t = t[:, :, :T, :T]  # (B, H, L, L) -> (B, H, T, T): positions, never heads
+            elif name == "embeddings":
+                t = t[:, :T]
             targets[name] = t
         if "length" in arrays and not np.array_equal(arrays["length"], lengths.numpy()):
             raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "

@@ -61,7 +61,7 @@ from distillpipe.students import build_student, load_student, save_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.train.data import Mixture, Source, TrainDataError, collate
-from distillpipe.train.objective import Objective, probe_student, store_names
+from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
 from distillpipe.train.schedule import Schedule, build_schedule
 
 log = logging.getLogger(__name__)
@@ -84,14 +84,26 @@ class RunSummary:
                 f"{score:.4f} at step {self.best_step}")
 
 
-def task_spec(meta: dict, run: RunConfig, signals) -> TaskSpec:
+def task_spec(meta: dict, run: RunConfig, signals, teacher_config: dict) -> TaskSpec:
+    """The student's task from the tokens' meta.json, the run's params and the teacher cache (its signal spec and
+    its teacher's model config: a regression task is cast to the bins the teacher was fine-tuned on)."""
     kind = meta["kind"]
+    bin_width = None
     if kind == "classification":
         if meta.get("task_type") == "regression":
-            raise TrainDataError(f"{meta['name']} is a regression task: student training on regression is not "
-                                 "supported yet (the teacher's bins are not recorded with the tokens)")
-        names = meta.get("label_names")
-        num_labels = len(names) if names else int(meta.get("num_labels") or 0)
+            # CMOW paper sec. IV-A (after Raffel et al.): STS-B as classification over 0.2-wide bins, the teacher's
+            bin_width = (teacher_config.get("distillpipe") or {}).get("regression_bin_width")
+            if not bin_width:
+                raise TrainDataError(f"{meta['name']} is a regression task, but the teacher of its cache was not "
+                                     "fine-tuned on bins (its config has no distillpipe.regression_bin_width): "
+                                     "fine-tune it with teacher_finetune and regression_bin_width set")
+            if not signals.n_classes:
+                raise TrainDataError(f"{meta['name']} is a regression task: its teacher cache must hold the logits "
+                                     "over the bins (teacher_cache signals.logits: true)")
+            num_labels = signals.n_classes
+        else:
+            names = meta.get("label_names")
+            num_labels = len(names) if names else int(meta.get("num_labels") or 0)
         if signals.n_classes and signals.n_classes != num_labels:
             raise TrainDataError(f"the teacher cache has {signals.n_classes} classes, the tokens {num_labels}")
     else:
@@ -101,7 +113,8 @@ def task_spec(meta: dict, run: RunConfig, signals) -> TaskSpec:
                              f"{kind})")
     tok = meta["tokenizer"]
     return TaskSpec(kind=kind, vocab_size=int(tok["vocab_size"]), max_seq_len=int(meta["max_seq_len"]),
-                    pad_id=int(tok["pad_id"]), num_labels=num_labels, encoding=run.encoding, head=run.head)
+                    pad_id=int(tok["pad_id"]), num_labels=num_labels, encoding=run.encoding, head=run.head,
+                    bin_width=float(bin_width) if bin_width else None)
 
 
 def _init_from(model: torch.nn.Module, init_dir: Path) -> None:
@@ -238,7 +251,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     group, dev = join(device)
     stores = {"dataset": open_store(store_path, {"tokens_fingerprint": meta["fingerprint"], "split": "train"})}
     signals = stores["dataset"].manifest.signals
-    task = task_spec(meta, run, signals)
+    task = task_spec(meta, run, signals, stores["dataset"].manifest.teacher.config)
     opt = run.optim
 
     seed_everything(opt.seed)
@@ -264,7 +277,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]
     probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True,
-                             pairs=run.encoding == "diffcat", pool=signals.pool)
+                             pairs=run.encoding == "diffcat", pool=signals.pool, bin_width=task.bin_width)
     dims = probe_student(student, {k: v.to(dev) for k, v in probe_batch.items()})
     objective = Objective(run.objective, kind=task.kind, signals=signals, dims=dims).to(dev)
     trainable = Trainable(student, objective)
@@ -284,7 +297,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
         per_epoch.append(len(data))
     data.set_epoch(0)
     total = sum(per_epoch) if opt.max_steps is None else min(sum(per_epoch), opt.max_steps)
-    schedule = build_schedule(run.objective.schedule, n_blocks=len(run.objective.layer_map), total_steps=max(total, 1),
+    schedule = build_schedule(run.objective.schedule, blocks=aligned_blocks(run.objective), total_steps=max(total, 1),
                               embedding_stage=bool(run.objective.loss_weights.get("embedding")))
     splits = load_from_disk(str(tokens_dir))
     if "dev" not in splits:
@@ -331,7 +344,7 @@ def train_step(r: TrainingRun, source: Source, rows: dict, arrays: dict) -> dict
     and its terms averaged over every process's part)."""
     task, opt = r.task, r.run.optim
     batch, targets = collate(rows, arrays, kind=task.kind, pad_id=task.pad_id, labeled=source.info.labeled,
-                             pairs=r.pairs, pool=source.info.signals.pool)
+                             pairs=r.pairs, pool=source.info.signals.pool, bin_width=task.bin_width)
     batch = {k: v.to(r.device, non_blocking=True) for k, v in batch.items()}
     targets = {k: v.to(r.device, non_blocking=True) for k, v in targets.items()}
     lr = opt.lr * r.schedule.lr_factor(r.step)
@@ -368,7 +381,7 @@ def evaluate(r: TrainingRun) -> dict[str, float]:
     if r.group.main:
         scores = evaluate_student(r.student, r.dev_rows, kind=r.task.kind, pad_id=r.task.pad_id, device=r.device,
                                   batch_size=2 * r.run.optim.batch_size, pairs=r.pairs, dataset_meta=r.meta,
-                                  prepared_dir=r.prepared_dir, split="dev")
+                                  prepared_dir=r.prepared_dir, split="dev", bin_width=r.task.bin_width)
     if r.group.distributed:
         box = [scores]
         dist.broadcast_object_list(box, src=0)
