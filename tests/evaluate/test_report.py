@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from distillpipe.evaluate.report import TableSpec, load_results, render_results
+from distillpipe.evaluate.report import Bootstrap, TableSpec, load_results, render_results
+
+BOOT = Bootstrap(n_resamples=500, confidence=0.95, seed=0)
 
 
 def _run(
@@ -99,26 +101,29 @@ TABLES = [
 ]
 
 
-def _tables(md: str) -> dict[str, list[dict[str, str]]]:
-    """Section title -> rows of the first Markdown table under it, as {header: cell}."""
+def _tables(md: str, which: int = 0) -> dict[str, list[dict[str, str]]]:
+    """Section title -> rows of the ``which``-th Markdown table under it (0: the main one, 1: its paired
+    comparisons), as {header: cell}."""
     out: dict[str, list[dict[str, str]]] = {}
-    section, header = None, None
+    section, header, index = None, None, -1
     for line in md.splitlines():
         if line.startswith("## "):
-            section, header = line[3:], None
+            section, header, index = line[3:], None, -1
         elif line.startswith("|") and section is not None:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if header is None:
-                header = cells
-            elif not set(line) <= {"|", "-"}:
+                header, index = cells, index + 1
+            elif not set(line) <= {"|", "-"} and index == which:
                 out.setdefault(section, []).append(dict(zip(header, cells, strict=True)))
+        else:
+            header = None
     return out
 
 
 @pytest.fixture
 def rendered(tmp_path):
     md_path, png_path = tmp_path / "reports" / "results.md", tmp_path / "reports" / "speed_quality.png"
-    text = render_results(RESULTS, TABLES, out_md=md_path, out_png=png_path)
+    text = render_results(RESULTS, TABLES, bootstrap=BOOT, out_md=md_path, out_png=png_path)
     return text, md_path, png_path
 
 
@@ -190,7 +195,7 @@ def test_rendering_is_deterministic(tmp_path):
     outs = []
     for name in ("a", "b"):
         md, png = tmp_path / name / "results.md", tmp_path / name / "speed_quality.png"
-        render_results(copy.deepcopy(RESULTS), TABLES, out_md=md, out_png=png)
+        render_results(copy.deepcopy(RESULTS), TABLES, bootstrap=BOOT, out_md=md, out_png=png)
         outs.append((md.read_bytes(), png.read_bytes()))
     assert outs[0] == outs[1]
 
@@ -199,9 +204,9 @@ def test_bad_inputs_are_refused(tmp_path):
     broken = copy.deepcopy(RESULTS)
     del broken[1]["speed"]
     with pytest.raises(ValueError, match=r"waldorf-qa.*'speed'"):
-        render_results(broken, [], out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+        render_results(broken, [], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
     with pytest.raises(ValueError, match="unique"):
-        render_results(RESULTS + RESULTS[:1], [], out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+        render_results(RESULTS + RESULTS[:1], [], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
 
 
 def test_load_results_and_empty_speed(tmp_path):
@@ -210,7 +215,7 @@ def test_load_results_and_empty_speed(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps(r))
     loaded = load_results([path])
-    text = render_results(loaded, [], out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+    text = render_results(loaded, [], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
     row = _tables(text)["All runs"]
     assert len(row) == 1 and (row[0]["Sent./s"], row[0]["Speed-up"], row[0]["Dev"]) == ("n/a", "n/a", "71.0")
     assert "No speed was measured." in text
@@ -218,3 +223,85 @@ def test_load_results_and_empty_speed(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="bad.json"):
         load_results([tmp_path / "bad.json"])
+
+
+def _classified(run, gold, pred, *, teacher_pred=None, dataset="polarity"):
+    """A run whose metrics and predictions agree (accuracy on dev), optionally with teacher records."""
+    gold, pred = np.asarray(gold), np.asarray(pred)
+    records = [{"id": f"e{i}", "gold": int(g), "pred": int(p)} for i, (g, p) in enumerate(zip(gold, pred))]
+    r = _run(run, "cmow_hybrid", dataset, {"accuracy": float(np.mean(gold == pred))}, None, 1000.0, 100.0)
+    r["predictions"] = {"student": {"dev": records}, "teacher": {"name": f"{dataset}-teacher"}}
+    if teacher_pred is not None:
+        r["teacher"]["dev"] = {"accuracy": float(np.mean(gold == np.asarray(teacher_pred)))}
+        r["predictions"]["teacher"]["dev"] = [{"id": f"e{i}", "gold": int(g), "pred": int(p)}
+                                              for i, (g, p) in enumerate(zip(gold, teacher_pred))]
+    return r
+
+
+def _noisy(gold, accuracy, seed):
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(len(gold)) < accuracy, gold, 1 - gold)
+
+
+def test_scores_carry_intervals_and_tables_their_paired_comparisons(tmp_path):
+    gold = np.random.default_rng(0).integers(0, 2, 300)
+    results = [_classified("kd", gold, _noisy(gold, 0.85, 1), teacher_pred=_noisy(gold, 0.9, 3)),
+               _classified("hard", gold, _noisy(gold, 0.7, 2))]
+    spec = TableSpec(title="KD vs hard", runs=["teacher:polarity", "kd", "hard"], paper=None, caption="",
+                     metric=None, compare=[("kd", "hard"), ("teacher:polarity", "kd")])
+    text = render_results(results, [spec], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+    rows = {r["Run"]: r for r in _tables(text)["All runs"]}
+    for run, res in (("kd", results[0]), ("hard", results[1])):
+        value, low, high = (float(x) for x in rows[run]["Dev"].replace("[", "").replace("]", "").replace(",", "")
+                            .split())
+        acc = 100 * res["dev"]["accuracy"]
+        assert value == pytest.approx(acc, abs=0.05) and low < value < high
+        # the bootstrap interval of a proportion is close to the normal approximation's +-1.96 sd
+        half = 1.96 * 100 * np.sqrt(res["dev"]["accuracy"] * (1 - res["dev"]["accuracy"]) / len(gold))
+        assert high - low == pytest.approx(2 * half, rel=0.25)
+    assert rows["teacher:polarity"]["Dev"].count("[") == 1
+    assert rows["kd"]["Test"] == "n/a"
+
+    comparisons = _tables(text, which=1)["KD vs hard"]
+    assert [(c["Comparison"], c["Split"]) for c in comparisons] == [("kd - hard", "dev"),
+                                                                    ("teacher:polarity - kd", "dev")]
+    c = comparisons[0]  # dev only: there are no test records
+    diff = 100 * (results[0]["dev"]["accuracy"] - results[1]["dev"]["accuracy"])
+    assert c["Metric"] == "accuracy" and float(c["Difference"]) == pytest.approx(diff, abs=0.05)
+    low, high = (float(x) for x in c["95% CI"].strip("[]").split(","))
+    assert low < float(c["Difference"]) < high
+    assert (c["Test"], c["p"], c["Examples"]) == ("McNemar", "<0.001", "300")
+
+
+def test_intervals_are_seeded_per_score(tmp_path):
+    """The same inputs give the same report; adding a run leaves the other runs' intervals as they were."""
+    gold = np.random.default_rng(0).integers(0, 2, 200)
+    a = _classified("a", gold, _noisy(gold, 0.8, 1))
+    b = _classified("b", gold, _noisy(gold, 0.6, 2))
+    one = render_results([a], [], bootstrap=BOOT, out_md=tmp_path / "1.md", out_png=tmp_path / "1.png")
+    two = render_results([a, b], [], bootstrap=BOOT, out_md=tmp_path / "2.md", out_png=tmp_path / "2.png")
+    other = render_results([a], [], bootstrap=Bootstrap(500, 0.95, seed=1), out_md=tmp_path / "3.md",
+                           out_png=tmp_path / "3.png")
+    dev = [{r["Run"]: r["Dev"] for r in _tables(t)["All runs"]}["a"] for t in (one, two, other)]
+    assert "[" in dev[0] and dev[0] == dev[1] and dev[0] != dev[2]
+
+
+def test_predictions_that_disagree_with_the_metrics_are_refused(tmp_path):
+    gold = np.random.default_rng(0).integers(0, 2, 100)
+    stale = _classified("a", gold, _noisy(gold, 0.8, 1))
+    stale["dev"]["accuracy"] += 0.05  # metrics from another evaluation than the predictions
+    with pytest.raises(ValueError, match="re-run the run's evaluate stage"):
+        render_results([stale], [], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+
+
+def test_comparisons_need_runs_of_the_table_and_the_same_examples(tmp_path):
+    gold = np.random.default_rng(0).integers(0, 2, 100)
+    a, b = _classified("a", gold, _noisy(gold, 0.8, 1)), _classified("b", gold, _noisy(gold, 0.7, 2))
+    spec = TableSpec(title="t", runs=["a"], paper=None, caption="", metric=None, compare=[("a", "b")])
+    with pytest.raises(ValueError, match="not among its runs"):
+        render_results([a, b], [spec], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+    b["predictions"]["student"]["dev"] = b["predictions"]["student"]["dev"][:-1]  # one example fewer
+    b["dev"]["accuracy"] = float(np.mean([r["gold"] == r["pred"] for r in b["predictions"]["student"]["dev"]]))
+    spec = TableSpec(title="t", runs=["a", "b"], paper=None, caption="", metric=None, compare=[("a", "b")])
+    with pytest.raises(ValueError, match="same examples"):
+        render_results([a, b], [spec], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")

@@ -53,7 +53,8 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     out = tmp_path / "w.json"
     res = evaluate_run("w", cfg, build(EvaluateRunConfig, {"dataset": "toy_qa", "teacher": "t"}, "run"),
                        student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
-                       prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out)
+                       prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out,
+                       predictions_path=tmp_path / "w.predictions.json")
     # only test was asked for; dev is scored too, because test needs its threshold
     assert res["dev"] is not None and res["test"] is not None and res["test"]["total"] == 24
     assert res["test"]["threshold"] == res["dev"]["threshold"]
@@ -80,9 +81,32 @@ def test_evaluate_twice_gives_byte_identical_metrics(qa_student, tmp_path):
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for out in paths:
         evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
-                     prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out)
+                     prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out,
+                     predictions_path=out.with_suffix(".predictions.json"))
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert "per_s" not in paths[0].read_text() and "speed" not in json.loads(paths[0].read_text())
+    preds = [p.with_suffix(".predictions.json") for p in paths]
+    assert preds[0].read_bytes() == preds[1].read_bytes()
+
+
+def test_predictions_reproduce_the_reported_scores(qa_student, tmp_path):
+    """The per-example records evaluate writes give back every score it reports, for student and teacher, on
+    dev and on test (at dev's threshold): the report's intervals are drawn around the numbers they belong to."""
+    from distillpipe.evaluate.intervals import point
+
+    cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["dev", "test"],
+                                 "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
+    res = evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
+                       prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"],
+                       out_path=tmp_path / "m.json", predictions_path=tmp_path / "p.json")
+    preds = json.loads((tmp_path / "p.json").read_text())
+    assert preds["teacher"]["name"] == "t" and preds["task_type"] == "qa"
+    for who, scores in (("student", res), ("teacher", res["teacher"])):
+        for split in ("dev", "test"):
+            records = preds[who][split]
+            assert len(records) == scores[split]["total"] and len({r["id"] for r in records}) == len(records)
+            for metric in ("exact", "f1", "HasAns_f1", "NoAns_exact"):
+                assert point(metric, "qa", records) == pytest.approx(scores[split][metric]), (who, split, metric)
 
 
 def test_speed_stage_times_student_and_teacher_apart_from_the_scores(qa_student, tmp_path):

@@ -20,12 +20,14 @@ def evaluate(run: RunOpt,
              prepared: Annotated[Path, typer.Option(help="prepared dataset folder (QA examples)")],
              teacher: Annotated[Path, typer.Option(help="the teacher model folder to compare with")],
              out: Annotated[Path, typer.Option(help="metrics JSON to write")],
+             predictions: Annotated[Path, typer.Option(help="per-example predictions JSON to write (for the report)")],
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Score a student and its teacher on dev/test and count their parameters (deterministic output)."""
     cfg = load_section(params, "evaluate", EvaluateConfig)
     rcfg = named_entry(cfg, run, params, "evaluate", "runs")
     r = evaluate_run(run, cfg, rcfg, student_dir=student, tokens_dir=tokens, prepared_dir=prepared,
-                     teacher_dir=teacher, out_path=out)
+                     teacher_dir=teacher, out_path=out,
+                     predictions_path=predictions)
     m = r["primary_metric"]
     typer.echo(f"evaluate {run}: dev {m} {r['dev'][m]:.4f} (teacher {r['teacher']['dev'][m]:.4f}); "
                f"{r['params']['total']:,} parameters (teacher {r['teacher']['params']['total']:,})")

@@ -1,10 +1,14 @@
 """The ``evaluate`` stage: score a trained student beside its teacher.
 
-One JSON per run (``metrics/students/<run>.json``, the format evaluate/report.py reads): task
-metrics on each requested split for student and teacher and parameter counts with and without
-embeddings (CMOW paper Tables XII-XIII). Nothing in it depends on timing, so evaluating the same
-student on the same data gives the same bytes; sentences/s are the ``speed`` stage's
-(evaluate/timing.py), a separate output.
+Two JSONs per run, both read by evaluate/report.py:
+
+* ``metrics/students/<run>.json``: task metrics on each requested split for student and teacher, and
+  parameter counts with and without embeddings (CMOW paper Tables XII-XIII);
+* ``predictions/<run>.json``: the per-example records behind those metrics (evaluate/scoring.py) for
+  student and teacher, from which the report draws bootstrap intervals and paired tests.
+
+Nothing in them depends on timing, so evaluating the same student on the same data gives the same
+bytes; sentences/s are the ``speed`` stage's (evaluate/timing.py), a separate output.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import numpy as np
 from distillpipe.config.base import ConfigError
 from distillpipe.config.evaluate import EvaluateConfig, EvaluateRunConfig
 from distillpipe.data.schema import read_meta
-from distillpipe.evaluate.student import count_parameters, evaluate_student, primary_metric
+from distillpipe.evaluate.scoring import Scored
+from distillpipe.evaluate.student import count_parameters, primary_metric, score_student
 from distillpipe.runtime import resolve_device
 from distillpipe.students import load_student
-from distillpipe.teacher.finetune import METRICS_FILE, evaluate_teacher
+from distillpipe.teacher.finetune import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.teacher.load import load_teacher
 
 log = logging.getLogger(__name__)
@@ -31,7 +36,7 @@ log = logging.getLogger(__name__)
 
 def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, student_dir: str | Path,
                  tokens_dir: str | Path, prepared_dir: str | Path, teacher_dir: str | Path,
-                 out_path: str | Path) -> dict[str, Any]:
+                 out_path: str | Path, predictions_path: str | Path) -> dict[str, Any]:
     from datasets import load_from_disk
 
     t0 = time.time()
@@ -52,25 +57,29 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     teacher, _ = load_teacher(teacher_dir, head, device)
     pairs = task.encoding == "diffcat"
 
-    # A fine-tuned teacher was scored on these tokens when teacher_finetune saved it (metrics.json in its
-    # folder: dev at the top level, test under "test"); only teachers without those scores are run here.
-    recorded = _recorded_teacher_scores(Path(teacher_dir), meta)
+    # A fine-tuned teacher was scored on these tokens when teacher_finetune saved it (metrics.json and
+    # predictions.json in its folder); only teachers without those records are run here.
+    recorded = _recorded_teacher(Path(teacher_dir), meta)
     if task.kind == "qa" and splits != ["dev"]:
         # SQuAD v2's no-answer threshold is tuned on dev and then applied to the other splits, never tuned on
         # test itself; so dev is scored first, even when only test was asked for.
         if "dev" not in data:
             raise ConfigError(f"{tokens_dir} has no dev split: QA test scores need dev's no-answer threshold")
         splits = ["dev", *[s for s in splits if s != "dev"]]
-    student_scores, teacher_scores = {}, {}
+    student: dict[str, Scored] = {}
+    teacher_scored: dict[str, Scored] = {}
     for split in splits:
-        dev_s, dev_t = student_scores.get("dev", {}), teacher_scores.get("dev", {})
-        student_scores[split] = evaluate_student(model, data[split], kind=task.kind, pad_id=task.pad_id,
-                                                 device=device, batch_size=cfg.batch_size, pairs=pairs,
-                                                 dataset_meta=meta, prepared_dir=prepared_dir, split=split,
-                                                 threshold=dev_s.get("threshold"))
-        teacher_scores[split] = recorded.get(split) or evaluate_teacher(
-            teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, None, prepared_dir,
-            split=split, threshold=dev_t.get("threshold"))
+        dev_s = student["dev"].metrics if "dev" in student else {}
+        dev_t = teacher_scored["dev"].metrics if "dev" in teacher_scored else {}
+        student[split] = score_student(model, data[split], kind=task.kind, pad_id=task.pad_id, device=device,
+                                       batch_size=cfg.batch_size, pairs=pairs, dataset_meta=meta,
+                                       prepared_dir=prepared_dir, split=split, threshold=dev_s.get("threshold"),
+                                       bin_width=task.bin_width)
+        teacher_scored[split] = recorded.get(split) or score_teacher(
+            teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, task.bin_width,
+            prepared_dir, split=split, threshold=dev_t.get("threshold"))
+    student_scores = {k: v.metrics or None for k, v in student.items()}
+    teacher_scores = {k: v.metrics or None for k, v in teacher_scored.items()}
 
     result = {
         "run": name, "student": record["model"].student, "dataset": run.dataset, "task_type": meta["task_type"],
@@ -81,25 +90,37 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
                     "params": count_parameters(teacher)},
         "train": {k: record.get(k) for k in ("steps", "best_step", "init")},
     }
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2, sort_keys=True, default=_plain) + "\n")
+    _write_json(out_path, result, indent=2)
+    _write_json(predictions_path, {
+        "run": name, "dataset": run.dataset, "task_type": meta["task_type"],
+        "student": {k: v.examples for k, v in student.items() if v.examples},
+        "teacher": {"name": run.teacher, **{k: v.examples for k, v in teacher_scored.items() if v.examples}}})
     m = result["primary_metric"]
     log.info("evaluate %s: %s dev %.4f (teacher %.4f) in %.1f s", name, m, (result["dev"] or {}).get(m, float("nan")),
              (result["teacher"]["dev"] or {}).get(m, float("nan")), time.time() - t0)
     return result
 
 
-def _recorded_teacher_scores(teacher_dir: Path, meta: dict) -> dict[str, dict]:
-    """{split: metrics} that teacher_finetune recorded for this dataset, or {} (e.g. an imported teacher)."""
-    path = teacher_dir / METRICS_FILE
-    if not path.is_file():
+def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
+    """{split: scores and records} that teacher_finetune recorded on exactly these tokens, or {} (e.g. an
+    imported teacher, or one fine-tuned on another dataset)."""
+    metrics_path, predictions_path = teacher_dir / METRICS_FILE, teacher_dir / PREDICTIONS_FILE
+    if not (metrics_path.is_file() and predictions_path.is_file()):
         return {}
-    rec = json.loads(path.read_text())
-    if rec.get("task") != meta.get("name"):
+    rec, preds = json.loads(metrics_path.read_text()), json.loads(predictions_path.read_text())
+    if not rec.get("tokens") == preds.get("tokens") == meta["fingerprint"]:
         return {}
-    dev = {k: v for k, v in rec.items() if k not in ("task", "train_rows", "steps", "test")}
-    return {"dev": dev, **({"test": rec["test"]} if rec.get("test") else {})}
+    dev = {k: v for k, v in rec.items() if k not in ("task", "tokens", "train_rows", "steps", "test")}
+    out = {"dev": Scored(dev, preds.get("dev", []))}
+    if rec.get("test"):
+        out["test"] = Scored(rec["test"], preds.get("test", []))
+    return out
+
+
+def _write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=_plain) + "\n")
 
 
 def _plain(x):

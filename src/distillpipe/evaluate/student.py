@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from distillpipe.data.batching import length_batches
+from distillpipe.evaluate.scoring import Scored, example_ids, score_classification, score_qa
 from distillpipe.runtime import autocast
 from distillpipe.train.data import IGNORE, collate
 
@@ -23,11 +24,14 @@ def primary_metric(kind: str, dataset_meta: dict) -> str:
         return "mlm_accuracy"
     if kind == "qa":
         return "f1"
+    if dataset_meta.get("task_type") == "regression":
+        return "pearson"
     return "matthews" if str(dataset_meta.get("name", "")).lower() in ("cola",) else "accuracy"
 
 
 @torch.inference_mode()
-def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool):
+def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
+             bin_width: float | None = None):
     """Yield (row indices, batch, targets, output) over ``rows`` bucketed by length."""
     cols = [c for c in ("input_ids", "token_type_ids", "masked_positions", "masked_labels", "label",
                         "start_positions", "end_positions", "a_input_ids", "b_input_ids") if c in rows.column_names]
@@ -36,7 +40,7 @@ def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch
     table = rows.select_columns(cols)
     for idx in length_batches(np.asarray(rows["length"]), batch_size):
         batch, targets = collate(table[idx.tolist()], None, kind=kind, pad_id=pad_id, labeled=True, pairs=pairs,
-                                 pool=1)
+                                 pool=1, bin_width=bin_width)
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast(device):
             out = model(batch)
@@ -44,12 +48,20 @@ def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch
 
 
 def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
-                     dataset_meta: dict, prepared_dir: str | Path | None = None,
-                     split: str = "dev", threshold: float | None = None) -> dict[str, float]:
-    """Metrics of ``model`` on the token rows of one split (QA: ``prepared_dir`` gives the examples, and the
-    no-answer ``threshold`` is tuned on this split when None: pass dev's when scoring test)."""
-    from distillpipe.evaluate.metrics import classification_metrics
+                     dataset_meta: dict, prepared_dir: str | Path | None = None, split: str = "dev",
+                     threshold: float | None = None, bin_width: float | None = None) -> dict[str, float]:
+    """Metrics of ``model`` on the token rows of one split (see :func:`score_student`)."""
+    return score_student(model, rows, kind=kind, pad_id=pad_id, device=device, batch_size=batch_size, pairs=pairs,
+                         dataset_meta=dataset_meta, prepared_dir=prepared_dir, split=split, threshold=threshold,
+                         bin_width=bin_width).metrics
 
+
+def score_student(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
+                  dataset_meta: dict, prepared_dir: str | Path | None = None, split: str = "dev",
+                  threshold: float | None = None, bin_width: float | None = None) -> Scored:
+    """Metrics and per-example records of ``model`` on the token rows of one split. QA: ``prepared_dir``
+    gives the examples, and the no-answer ``threshold`` is tuned on this split when None (pass dev's when
+    scoring test). ``bin_width``: a regression task cast to bins (scored by the expected value)."""
     was = model.training
     model.eval()
     try:
@@ -63,19 +75,18 @@ def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.devic
                 loss_sum += float(torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum"))
                 correct += int((logits.argmax(-1) == labels[keep]).sum())
                 count += int(keep.sum())
-            return {"mlm_loss": loss_sum / max(count, 1), "mlm_accuracy": correct / max(count, 1)}
+            return Scored({"mlm_loss": loss_sum / max(count, 1), "mlm_accuracy": correct / max(count, 1)})
         if kind == "classification":
-            preds = np.zeros(len(rows), dtype=np.int64)
+            logits = None
             for idx, _, _, out in _outputs(model, rows, kind=kind, pad_id=pad_id, device=device,
-                                            batch_size=batch_size, pairs=pairs):
-                preds[idx] = out.logits.float().argmax(-1).cpu().numpy()
-            labels = np.asarray(rows["label"])
-            keep = labels >= 0  # unlabeled rows (-1, e.g. GLUE test) are not scored
-            return classification_metrics(labels[keep], preds[keep])
+                                            batch_size=batch_size, pairs=pairs, bin_width=bin_width):
+                out_logits = out.logits.float().cpu().numpy()
+                if logits is None:
+                    logits = np.zeros((len(rows), out_logits.shape[-1]), dtype=np.float32)
+                logits[idx] = out_logits
+            return score_classification(example_ids(rows), rows["label"], logits, bin_width)
         if kind == "qa":
             from datasets import load_from_disk
-
-            from distillpipe.evaluate.squad import best_spans, squad_v2_scores
 
             if prepared_dir is None:
                 raise ValueError("QA evaluation needs the prepared dataset (the examples' contexts and answers)")
@@ -90,7 +101,7 @@ def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.devic
                     starts[r], ends[r] = s[j, : lengths[r]], e[j, : lengths[r]]
             examples = load_from_disk(str(prepared_dir))[split]
             windows = rows.select_columns(["example_id", "offset_mapping"])
-            return squad_v2_scores(examples, best_spans(examples, windows, starts, ends), threshold=threshold)
+            return score_qa(examples, windows, starts, ends, threshold)
         raise ValueError(f"cannot evaluate tokens of kind {kind!r}")
     finally:
         model.train(was)
