@@ -53,6 +53,11 @@ def test_scores_multiple_golds_and_no_answer():
     tuned = squad_v2_scores(ex, preds)
     assert tuned["f1"] == pytest.approx(100.0)
     assert -1.0 <= tuned["threshold"] < 3.0
+    # The span scores ignore the abstain decision: with every question made to abstain, HasAns F1 is 0
+    # but the best non-null spans (both right) still score 100.
+    abstain = squad_v2_scores(ex, preds, threshold=-10.0)
+    assert abstain["HasAns_f1"] == 0.0 and abstain["HasAns_span_f1"] == pytest.approx(100.0)
+    assert abstain["HasAns_span_exact"] == pytest.approx(100.0)
 
 
 def _window(example_id, context, spans):

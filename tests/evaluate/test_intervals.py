@@ -46,11 +46,15 @@ def test_points_are_the_library_scores():
 
 def test_qa_scores_are_means_of_the_per_question_values():
     rng = np.random.default_rng(0)
-    rec = [{"id": str(i), "has_answer": bool(h), "em": float(e), "f1": float(f)}
-           for i, (h, e, f) in enumerate(zip(rng.random(50) < 0.6, rng.random(50) < 0.4, rng.random(50)))]
+    rec = [{"id": str(i), "has_answer": bool(h), "em": float(e), "f1": float(f), "span_em": float(se),
+            "span_f1": float(sf)}
+           for i, (h, e, f, se, sf) in enumerate(zip(rng.random(50) < 0.6, rng.random(50) < 0.4, rng.random(50),
+                                                     rng.random(50) < 0.5, rng.random(50)))]
     has = [r for r in rec if r["has_answer"]]
     assert iv.point("exact", "qa", rec) == pytest.approx(100 * np.mean([r["em"] for r in rec]))
     assert iv.point("HasAns_f1", "qa", rec) == pytest.approx(100 * np.mean([r["f1"] for r in has]))
+    assert iv.point("HasAns_span_f1", "qa", rec) == pytest.approx(100 * np.mean([r["span_f1"] for r in has]))
+    assert iv.point("HasAns_span_exact", "qa", rec) == pytest.approx(100 * np.mean([r["span_em"] for r in has]))
     with pytest.raises(iv.RecordsError, match="best_exact"):
         iv.point("best_exact", "qa", rec)
 

@@ -102,9 +102,11 @@ def statistic(metric: str, task_type: str, records: Sequence[Mapping[str, Any]])
     """The score ``metric`` as a function of example indices into ``records`` (in the units the metrics
     files use: fractions for classification and regression, percent for QA)."""
     if task_type == "qa":
-        if metric not in ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1"):
-            raise RecordsError(f"no interval for the QA score {metric!r}: use exact, f1 or their HasAns/NoAns parts")
-        key = "em" if metric.endswith("exact") else "f1"
+        if metric not in ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1",
+                          "HasAns_span_exact", "HasAns_span_f1"):
+            raise RecordsError(f"no interval for the QA score {metric!r}: use exact, f1, their HasAns/NoAns parts "
+                               "or HasAns_span_exact/HasAns_span_f1")
+        key = ("span_" if "_span_" in metric else "") + ("em" if metric.endswith("exact") else "f1")
         values = 100.0 * np.asarray([r[key] for r in records], np.float64)
         if metric.startswith(("HasAns", "NoAns")):
             has = np.asarray([r["has_answer"] for r in records], bool)

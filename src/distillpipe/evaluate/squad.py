@@ -108,7 +108,8 @@ def squad_v2_scores(examples: Sequence[Mapping], preds: Mapping[str, SpanPredict
 
 def squad_v2_evaluate(examples: Sequence[Mapping], preds: Mapping[str, SpanPrediction],
                       threshold: float | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """(scores, per question ``{"id", "has_answer", "em", "f1"}`` at the threshold used).
+    """(scores, per question ``{"id", "has_answer", "em", "f1", "span_em", "span_f1"}``: em/f1 at the threshold
+    used, span_em/span_f1 of the best non-null span).
 
     Scores: EM/F1 in %, the HasAns/NoAns breakdown and ``threshold``. ``threshold=None`` tunes it on
     ``examples`` (the official ``best_f1_thresh`` sweep, done between distinct no-answer scores: see
@@ -135,12 +136,16 @@ def squad_v2_evaluate(examples: Sequence[Mapping], preds: Mapping[str, SpanPredi
            "threshold": float(threshold), **best_exact}
     if has:
         res |= {"HasAns_exact": 100 * np.mean([em[q] for q in has]), "HasAns_f1": 100 * np.mean([f1[q] for q in has]),
-                "HasAns_total": len(has)}
+                "HasAns_total": len(has),
+                # reading skill apart from the abstain decision: the best non-null span of every answerable
+                # question, as if the threshold answered all of them (not an official figure)
+                "HasAns_span_exact": 100 * np.mean([raw_em[q] for q in has]),
+                "HasAns_span_f1": 100 * np.mean([raw_f1[q] for q in has])}
     if no:
         res |= {"NoAns_exact": 100 * np.mean([em[q] for q in no]), "NoAns_f1": 100 * np.mean([f1[q] for q in no]),
                 "NoAns_total": len(no)}
-    per_question = [{"id": str(q), "has_answer": bool(has_ans[q]), "em": float(em[q]), "f1": float(f1[q])}
-                    for q in golds]
+    per_question = [{"id": str(q), "has_answer": bool(has_ans[q]), "em": float(em[q]), "f1": float(f1[q]),
+                     "span_em": float(raw_em[q]), "span_f1": float(raw_f1[q])} for q in golds]
     return {k: float(v) for k, v in res.items()}, per_question
 
 
