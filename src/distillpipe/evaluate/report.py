@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distillpipe.config.report import BootstrapConfig
 from distillpipe.evaluate import intervals
 from distillpipe.evaluate.plot import TEACHER_PREFIX, plot_speed_quality
 
@@ -82,13 +83,8 @@ class TableSpec:
     """Pairs ``(a, b)`` of rows of this table: ``a - b`` on the same examples, with interval and test."""
 
 
-@dataclass(frozen=True)
-class Bootstrap:
-    """How intervals are drawn (the report section's ``bootstrap``)."""
-
-    n_resamples: int
-    confidence: float
-    seed: int
+Bootstrap = BootstrapConfig
+"""How intervals are drawn (the report section's ``bootstrap``)."""
 
 
 @dataclass(frozen=True)
@@ -498,6 +494,5 @@ def write_report(metrics_dir: Path | str, predictions_dir: Path | str, speed_dir
         r["predictions"] = _beside(predictions_dir, r["run"])
     tables = [TableSpec(title=t.title, runs=list(t.runs), paper=t.paper, caption=t.caption, metric=t.metric,
                         compare=[(a, b) for a, b in t.compare]) for t in cfg.tables]
-    boot = Bootstrap(cfg.bootstrap.n_resamples, cfg.bootstrap.confidence, cfg.bootstrap.seed)
-    render_results(results, tables, bootstrap=boot, out_md=out_md, out_png=out_png)
+    render_results(results, tables, bootstrap=cfg.bootstrap, out_md=out_md, out_png=out_png)
     return f"report: {len(paths)} runs, {len(tables)} tables -> {out_md}, {out_png}"
