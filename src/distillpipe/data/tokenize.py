@@ -22,7 +22,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-from tqdm.auto import tqdm
 
 from distillpipe.assets import resolve_model, tokenizer_sha256
 from distillpipe.config.tokenize import (
@@ -36,6 +35,7 @@ from distillpipe.data.masking import MaskingSpec, masked_rows, pack_blocks
 from distillpipe.data.qa_windows import check_lengths, qa_window_columns
 from distillpipe.errors import UserError
 from distillpipe.identity import json_sha256, sha256_dir
+from distillpipe.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class _SplitWriter:
         for split, ds in dd.items():
             paths[split] = tmp / "work" / f"{split}.arrow"
             n_rows = 0
-            with tqdm(total=len(ds), desc=f"tokenize {self.name}/{split}", unit="rows") as bar:
+            with Progress(total=len(ds), desc=f"tokenize {self.name}/{split}", unit="rows") as bar:
                 features, batches = self._split(split, ds, counts, bar)
                 schema_ = features.arrow_schema
                 with pa.OSFile(str(paths[split]), "wb") as sink, pa.ipc.new_stream(sink, schema_) as out:
@@ -260,7 +260,7 @@ class _SplitWriter:
                                getattr(self.dcfg, "mask_views", 1), counts.pop("tokens", 0),
                                time.perf_counter() - t0, counts)
 
-    def _split(self, split: str, ds: Any, counts: dict[str, int], bar: tqdm):
+    def _split(self, split: str, ds: Any, counts: dict[str, int], bar: Progress):
         from datasets import Features, List, Value
 
         base = {"input_ids": List(Value("int32")), "token_type_ids": List(Value("int8")), "length": Value("int32")}
@@ -290,7 +290,7 @@ class _SplitWriter:
                              "a_input_ids": ids, "b_input_ids": ids})
         return features, self._classification(ds, pair, counts, bar)
 
-    def _mlm(self, split: str, ds: Any, counts: dict[str, int], bar: tqdm) -> Iterator[dict[str, list]]:
+    def _mlm(self, split: str, ds: Any, counts: dict[str, int], bar: Progress) -> Iterator[dict[str, list]]:
         def corpus_rows():
             prev = None
             for batch in ds.iter(batch_size=self.batch_size):
@@ -308,7 +308,7 @@ class _SplitWriter:
             _add(counts, "masked", sum(len(p) for p in cols["masked_positions"]))
             yield cols
 
-    def _qa(self, ds: Any, counts: dict[str, int], bar: tqdm) -> Iterator[dict[str, list]]:
+    def _qa(self, ds: Any, counts: dict[str, int], bar: Progress) -> Iterator[dict[str, list]]:
         for batch in ds.iter(batch_size=self.batch_size):
             cols, c = qa_window_columns(self.tok, batch, self.max_seq_len, self.dcfg.doc_stride,
                                         self.dcfg.max_query_len)
@@ -321,7 +321,7 @@ class _SplitWriter:
             if counts.get(key):
                 log.warning("tokenize %s: %d %s (labelled 0/0)", self.name, counts[key], what)
 
-    def _classification(self, ds: Any, pair: bool, counts: dict[str, int], bar: tqdm) -> Iterator[dict[str, list]]:
+    def _classification(self, ds: Any, pair: bool, counts: dict[str, int], bar: Progress) -> Iterator[dict[str, list]]:
         for batch in ds.iter(batch_size=self.batch_size):
             cols, c = classification_columns(self.tok, batch, pair, self.max_seq_len)
             for k, v in c.items():

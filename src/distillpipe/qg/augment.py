@@ -41,11 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from distillpipe.config.augment import AugmentConfig
 from distillpipe.data import schema
 from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
+from distillpipe.progress import Progress
 from distillpipe.qg import QgError
 from distillpipe.qg.filters import REASONS, filter_questions
 from distillpipe.qg.generate import GenerationStats, decoding_kwargs, generate_questions
@@ -346,7 +345,8 @@ def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, q
             log.info("augment %s: resuming, %d of %d chunks already done", name, resumed, n_chunks)
         items = [(i, [source_text(p.text, None) for p in paragraphs[i * chunk_size:(i + 1) * chunk_size]])
                  for i in todo]
-        with tqdm(total=len(paragraphs), initial=resumed * chunk_size, desc=f"augment {name}", unit="paragraph") as bar:
+        with Progress(total=len(paragraphs), initial=resumed * chunk_size, desc=f"augment {name}",
+                      unit="paragraph") as bar:
             if inprocess:
                 done = ((item, generate_chunk(job, item, on_batch=bar.update)) for item in items)
             else:

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from distillpipe.assets import resolve_model, tokenizer_sha256, weights_sha256
 from distillpipe.config.decoding import GreedyDecodingConfig
@@ -33,6 +32,7 @@ from distillpipe.config.qg_finetune import QgFinetuneConfig, QgPretrainedModelCo
 from distillpipe.data.batching import length_batches, pad_sequences
 from distillpipe.data.schema import read_meta
 from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
+from distillpipe.progress import Progress
 from distillpipe.qg import QgError
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
 from distillpipe.qg.model import QG_META, build_scratch_t5, load_pretrained_t5, source_text
@@ -219,7 +219,7 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
                 "step_in_epoch": step_in_epoch, "step": step})
 
         lengths = np.array([len(train.sources[i]) for i in rows])
-        bar = tqdm(total=total, initial=step, desc="qg_finetune", unit="step")
+        bar = Progress(total=total, initial=step, desc="qg_finetune", unit="step")
         model.train()
         while epoch < cfg.epochs:
             batches = length_batches(lengths, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError
 from distillpipe.identity import code_digests
+from distillpipe.progress import Progress
 from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
 from distillpipe.scale.machine import ClusterSettings
@@ -269,7 +269,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             log.info("caching %s for %s on %s, %s: %d shards of %d rows to compute",
                      ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), facts.head)), name, facts.device,
                      where, len(pending), shard_rows)
-            bar = tqdm(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
+            bar = Progress(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
             progress = _Progress(bar, manifest)
             t_compute = time.time()
             if inprocess:

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
@@ -31,6 +30,7 @@ from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
 from distillpipe.evaluate.scoring import Scored, example_ids, score_classification, score_qa
 from distillpipe.identity import code_digests, json_sha256
+from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
 from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss, score_mlm
@@ -175,7 +175,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     columns = (MLM_COLUMNS if task_type == "corpus" else ["input_ids", "token_type_ids"]
                + (["start_positions", "end_positions"] if task_type == "qa" else ["label"]))
     train_cols = train.select_columns(columns)
-    bar = tqdm(total=total, initial=step, desc=f"fine-tune {task}", unit="step")
+    bar = Progress(total=total, initial=step, desc=f"fine-tune {task}", unit="step")
     model.train()
     if task_type == "corpus":
         model.base_model.eval()  # frozen: no dropout in the features the head learns from

@@ -47,13 +47,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.student import evaluate_student, primary_metric
 from distillpipe.identity import code_digests, json_sha256, sha256_dir
+from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, rng_state, seed_everything, set_rng_state
 from distillpipe.scale.ddp import ProcessGroup, join, leave
 from distillpipe.store.reader import open_store
@@ -452,7 +452,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
     try:
         restore(r)
         opt = r.run.optim
-        bar = tqdm(total=r.total, initial=r.step, desc=f"train {name}", unit="step", disable=not r.group.main)
+        bar = Progress(total=r.total, initial=r.step, desc=f"train {name}", unit="step", disable=not r.group.main)
         r.trainable.train()
         while r.step < r.total and not r.stopped_early:
             for source, rows, arrays in r.data:
