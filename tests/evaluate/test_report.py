@@ -305,3 +305,17 @@ def test_comparisons_need_runs_of_the_table_and_the_same_examples(tmp_path):
     spec = TableSpec(title="t", runs=["a", "b"], paper=None, caption="", metric=None, compare=[("a", "b")])
     with pytest.raises(ValueError, match="same examples"):
         render_results([a, b], [spec], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+
+
+def test_plot_shows_test_scores_and_marks_dev_ones(tmp_path):
+    """The speed-quality plot uses test where a run has it; a run with dev only is drawn and marked."""
+    from distillpipe.evaluate import report
+    from distillpipe.evaluate.plot import compact, plot_speed_quality
+
+    rows, _ = report._rows(copy.deepcopy(RESULTS))
+    drawn = {p.label: p for p in plot_speed_quality(rows, report._plot_score, tmp_path / "p.png")}
+    assert (drawn["hybrid-polarity"].score, drawn["hybrid-polarity"].split) == (pytest.approx(70.5), "test")
+    assert drawn["cbow-polarity (dev)"].score == pytest.approx(60.49)
+    assert drawn["waldorf-qa (dev)"].score == pytest.approx(45.678)  # QA metrics are percent already
+    assert drawn["hybrid-polarity"].sentences_per_s == 30000.0
+    assert [compact(v) for v in (50, 200, 1000, 20000, 1.5e6)] == ["50", "200", "1k", "20k", "1.5M"]

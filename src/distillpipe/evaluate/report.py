@@ -136,6 +136,15 @@ def _metric_value(metrics: Mapping[str, float] | None, key: str, task_type: str)
     return _percent(float(metrics[key]), task_type)
 
 
+def _plot_score(row: _Row) -> tuple[float, str] | None:
+    """The plot's y value: the primary metric on test, or on dev where the run has no test score."""
+    for split in ("test", "dev"):
+        value = _metric_value(row.scores(split), row.primary_metric, row.task_type)
+        if value is not None:
+            return value, split
+    return None
+
+
 def _millions(n: Any) -> str:
     return f"{n / 1e6:.2f}" if _finite(n) else NA
 
@@ -458,7 +467,7 @@ def render_results(
     text = "\n".join(lines)
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(text, encoding="utf-8")
-    plot_speed_quality(rows, lambda r: _metric_value(r.dev, r.primary_metric, r.task_type), out_png)
+    plot_speed_quality(rows, _plot_score, out_png)
     log.info("report: %d runs, %d tables -> %s, %s", len(results), len(tables), out_md, out_png)
     return text
 
