@@ -268,14 +268,6 @@ def score_teacher(model, rows, task_type: str, pad_id: int, device: torch.device
                                 bin_width if task_type == "regression" else None)
 
 
-def evaluate_teacher(model, rows, task_type: str, pad_id: int, device: torch.device, batch_size: int,
-                     bin_width: float | None, prepared_dir: str | Path, split: str = "dev",
-                     threshold: float | None = None) -> dict[str, float]:
-    """The metrics of :func:`score_teacher`."""
-    return score_teacher(model, rows, task_type, pad_id, device, batch_size, bin_width, prepared_dir, split,
-                         threshold).metrics
-
-
 def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any], predictions: dict[str, Any]) -> None:
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
