@@ -239,3 +239,43 @@ def test_missing_file_names_params_key(tmp_path):
 def test_wrong_task_for_file_is_named(tmp_path, shared_data):
     with pytest.raises(PrepareError, match=r"no column\(s\) \['question1', 'question2'\].*task"):
         build_source("qqp", glue("qqp", {"train": shared_data / "glue" / "RTE" / "dev.tsv"}))
+
+
+def test_a_renamed_label_column_is_an_error_naming_the_columns(tmp_path, shared_data):
+    """A train file whose label column is not where the task expects it is refused, not read as unlabeled."""
+    lines = (shared_data / "glue" / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()
+    path = write(tmp_path / "train.tsv", ["sentence\tsentiment"] + lines[1:])
+    with pytest.raises(PrepareError) as err:
+        build_source("sst2", glue("sst2", {"train": path}))
+    msg = str(err.value)
+    assert "no label column 'label'" in msg and "'sentiment'" in msg and f"{path}:1" in msg
+    # the same file as a test split is fine: GLUE test files have no labels
+    prepared = build_source("sst2", glue("sst2", {"test": path}))
+    assert set(prepared.splits["test"]["label"]) == {-1}
+
+
+def test_labels_of_another_task_are_refused_naming_both_sets(tmp_path, shared_data):
+    rte_dev = shared_data / "glue" / "RTE" / "dev.tsv"
+    header, *body = rte_dev.read_text(encoding="utf-8").splitlines()
+    # RTE's columns under MNLI's names: the layout fits, the labels (not_entailment) do not
+    path = write(tmp_path / "train.tsv", [header.replace("label", "gold_label")] + body)
+    with pytest.raises(PrepareError) as err:
+        build_source("mnli", glue("mnli", {"train": path}, on_bad_rows="skip"))
+    msg = str(err.value)
+    assert "'not_entailment'" in msg and "'contradiction'" in msg and "prepare.local.mnli.task" in msg
+
+
+def test_cola_refuses_an_sst2_file(tmp_path, shared_data):
+    path = shared_data / "glue" / "SST-2" / "dev.tsv"
+    with pytest.raises(PrepareError, match=r"have no header line.*SST-2"):
+        build_source("cola", glue("cola", {"train": path}))
+
+
+def test_a_file_read_in_the_wrong_encoding_gives_a_short_message(tmp_path, shared_data):
+    """UTF-8 read as UTF-16 decodes to one garbled 'line'; the error quotes only the start of it."""
+    text = (shared_data / "glue" / "SST-2" / "dev.tsv").read_bytes()
+    path = tmp_path / "train.tsv"
+    path.write_bytes(text[: len(text) // 2 * 2])  # an even byte count: utf-16 decodes without an error
+    with pytest.raises(PrepareError) as err:
+        build_source("sst2", glue("sst2", {"train": path}, encoding="utf-16"))
+    assert "encoding" in str(err.value) and len(str(err.value)) < 800

@@ -210,6 +210,15 @@ def input_path(path: str | Path, key: str) -> Path:
     return p
 
 
+def shorten(value: object, limit: int = 160) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for error messages that quote file content (a file
+    decoded with the wrong codec can be one 100 KB 'line')."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def read_text(path: Path, encoding: str, key: str) -> str:
     """Decode a whole file; a decoding error names the file, line, column and byte, and the
     ``encoding`` key to change. A leading BOM is removed."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from distillpipe.data.sources.base import (
     numbered_lines,
     read_text,
     rows_to_dataset,
+    shorten,
 )
 
 logger = logging.getLogger(__name__)
@@ -87,19 +89,35 @@ def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, ke
     first = next(csv.reader([lines[0][1]], delimiter="\t", quoting=csv.QUOTE_NONE))
     if _is_header(first, task):
         header, body = first, lines[1:]
+        if task.headerless is not None and not split.startswith("test") and task.text_a in header:
+            raise PrepareError(
+                f"{path}:1: GLUE {cfg.task!r} {split} files have no header line (columns "
+                f"{list(task.headerless)}), but this one starts with the header {shorten(header)}: is `{key}.task` "
+                "right (SST-2's files, for one, have the header ['sentence', 'label'])?"
+            )
     else:
         header, body = list(task.headerless), lines
     missing = [c for c in (task.text_a, task.text_b) if c is not None and c not in header]
     if missing:
         raise PrepareError(
-            f"{path}:1: header {header} has no column(s) {missing} for GLUE task {cfg.task!r}; "
-            f"is `{key}.task` right, and is this the original GLUE TSV?"
+            f"{path}:1: header {shorten(header)} has no column(s) {missing} for GLUE task {cfg.task!r}; "
+            f"is `{key}.task` right, is `{key}.encoding` the file's, and is this the original GLUE TSV?"
         )
     col = {name: i for i, name in enumerate(header)}
     # MNLI dev has label1..label5 before gold_label; the score/label is the last column anyway.
     labeled = task.label in col
+    if not labeled and not split.startswith("test"):
+        # Only GLUE's test files come without labels; a train or dev file without its label column would
+        # otherwise become a split of unlabeled rows that nothing can train or select models on.
+        raise PrepareError(
+            f"{path}:1: no label column {task.label!r} for GLUE task {cfg.task!r} in the header "
+            f"{shorten(header)}; a {split} file needs it (only test files come without labels). Is `{key}.task` "
+            "right, or was the column renamed?"
+        )
     id_cols = _id_columns(header, task)
-    rows = []
+    rows: list[dict] = []
+    if labeled:
+        _check_label_set(path, body, len(header), col[task.label], task, cfg.task, key)
     numbered = ((n, f) for (n, _), f in zip(body, csv.reader((line for _, line in body),
                                                              delimiter="\t", quoting=csv.QUOTE_NONE)))
     for number, fields in tqdm(numbered, total=len(body), desc=f"{path.name}", unit="row", disable=None, leave=False):
@@ -124,6 +142,24 @@ def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, ke
             row["text_b"] = fields[col[task.text_b]]
         rows.append(row)
     return rows
+
+
+def _check_label_set(path: Path, body: list[tuple[int, str]], n_columns: int, label_col: int, task: GlueTask,
+                     task_name: str, key: str) -> None:
+    """Refuse a file whose labels are not the task's (RTE's ``not_entailment`` read as MNLI), naming both sets.
+    A few stray labels are left to ``on_bad_rows``: more than max(2, 1%) of the rows is a wrong task, not noise."""
+    values: Counter[str] = Counter()
+    for fields in csv.reader((line for _, line in body), delimiter="\t", quoting=csv.QUOTE_NONE):
+        if len(fields) == n_columns:
+            values[fields[label_col].strip()] += 1
+    strangers = {v: n for v, n in values.items() if _label(v, task) is None}
+    if sum(strangers.values()) > max(2, 0.01 * sum(values.values())):
+        expected = "numbers" if task.label_names is None else sorted(task.raw_labels or task.label_names)
+        found = sorted(values) if len(values) <= 20 else f"{len(values):,} distinct values, e.g. {sorted(values)[:10]}"
+        raise PrepareError(
+            f"{path}: the labels of this file are {shorten(found, 300)}, but GLUE task {task_name!r} has labels "
+            f"{expected} ({sum(strangers.values()):,} rows do not fit); is `{key}.task` right?"
+        )
 
 
 def _label(raw: str, task: GlueTask) -> int | float | None:
