@@ -31,6 +31,7 @@ from scipy import stats
 from sklearn import metrics as skm
 
 from distillpipe.errors import UserError
+from distillpipe.evaluate.metrics import correlation, f1_average
 
 _BATCH = 100
 """Bootstrap resamples evaluated at once."""
@@ -90,14 +91,6 @@ def _call_statistic(fn: Callable[[np.ndarray, np.ndarray], float], gold: np.ndar
     return Statistic(lambda idx: fn(gold[idx], pred[idx]), vectorized=False)
 
 
-def _pearson(g, p):
-    return float(stats.pearsonr(g, p)[0]) if np.ptp(g) and np.ptp(p) else math.nan
-
-
-def _spearman(g, p):
-    return float(stats.spearmanr(g, p)[0]) if np.ptp(g) and np.ptp(p) else math.nan
-
-
 def statistic(metric: str, task_type: str, records: Sequence[Mapping[str, Any]]) -> Statistic:
     """The score ``metric`` as a function of example indices into ``records`` (in the units the metrics
     files use: fractions for classification and regression, percent for QA)."""
@@ -115,18 +108,17 @@ def statistic(metric: str, task_type: str, records: Sequence[Mapping[str, Any]])
     gold = np.asarray([r["gold"] for r in records])
     pred = np.asarray([r["pred"] for r in records])
     if task_type == "regression":
-        fns = {"pearson": _pearson, "spearman": _spearman}
-        if metric not in fns:
+        if metric not in ("pearson", "spearman"):
             raise RecordsError(f"no interval for the regression score {metric!r}: use pearson or spearman")
-        return _call_statistic(fns[metric], gold.astype(np.float64), pred.astype(np.float64))
+        return _call_statistic(lambda g, p: correlation(metric, g, p), gold.astype(np.float64),
+                               pred.astype(np.float64))
     if metric == "accuracy":
         return _mean_statistic((gold == pred).astype(np.float64))
     if metric == "matthews":
         return _call_statistic(lambda g, p: float(skm.matthews_corrcoef(g, p)), gold, pred)
     if metric == "f1":
         # the averaging evaluate chose on the whole split (metrics.classification_metrics), kept for every resample
-        binary = len(np.union1d(gold, pred)) <= 2 and gold.max(initial=0) <= 1
-        average = "binary" if binary else "macro"
+        average = f1_average(gold, pred)
         return _call_statistic(lambda g, p: float(skm.f1_score(g, p, average=average, zero_division=0)), gold, pred)
     raise RecordsError(f"no interval for the classification score {metric!r}: use accuracy, f1 or matthews")
 

@@ -29,7 +29,8 @@ class Scored:
     metrics: dict[str, float]
     examples: list[dict[str, Any]] = field(default_factory=list)
     """One record per scored example: ``{"id", "gold", "pred"}`` (classification, regression) or
-    ``{"id", "has_answer", "em", "f1"}`` (QA, at the threshold used)."""
+    ``{"id", "has_answer", "em", "f1", "span_em", "span_f1"}`` (QA: at the threshold used, and of the best
+    non-null span)."""
 
 
 def example_ids(rows: Any) -> list[str]:
