@@ -165,6 +165,22 @@ def signals(**over) -> dict:
     return s
 
 
+def make_classification_store(root: Path) -> dict:
+    """A tiny 2-class teacher, its tokens (96 train / 32 dev) and a logits-only teacher cache of them under
+    ``root``: ``{"root", "tokens", "store"}``."""
+    from distillpipe.config.base import build
+    from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+    from distillpipe.teacher.cache import build_teacher_cache
+
+    clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
+    tokens = make_classification_tokens(root / "cls", clf, n_train=96, n_dev=32)
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
+                                            "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
+                                                               pool=1)}, "teacher_cache.datasets.toy")
+    build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr", cpu_threads=1)
+    return {"root": root, "tokens": tokens, "store": root / "cls.zarr"}
+
+
 def finetune_params(**over) -> dict:
     cfg = {"epochs": 3, "batch_size": 8, "lr": 2e-3, "weight_decay": 0.0, "warmup_fraction": 0.0,
            "max_grad_norm": 1.0, "max_train_rows": None, "regression_bin_width": None,

@@ -8,11 +8,7 @@ import sys
 
 import pytest
 import torch
-from _tiny import make_classification_tokens, make_tiny_bert_dir, signals, write_params
-
-from distillpipe.config.base import build
-from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
-from distillpipe.teacher.cache import build_teacher_cache
+from _tiny import make_classification_store, write_params
 
 # Imported by every Python process that has its folder on PYTHONPATH: in torchrun's rank 1, SIGKILL the process
 # once the checkpoint of step $KILL_AT_STEP is on disk (after the barrier that follows a checkpoint, where every
@@ -46,15 +42,9 @@ def _run(dropout):
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddp")
-    clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
-    tokens = make_classification_tokens(root / "cls", clf, n_train=96, n_dev=32)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
-                                            "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
-                                                               pool=1)}, "teacher_cache.datasets.toy")
-    build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr", cpu_threads=1)
-    (root / "machine.yaml").write_text("")
-    return {"root": root, "tokens": tokens, "store": root / "cls.zarr"}
+    toy = make_classification_store(tmp_path_factory.mktemp("ddp"))
+    (toy["root"] / "machine.yaml").write_text("")
+    return toy
 
 
 def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None):

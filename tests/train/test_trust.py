@@ -7,14 +7,12 @@ import shutil
 
 import pytest
 import torch
-from _tiny import make_classification_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
+from _tiny import make_classification_store, run_train_cli, write_params
 
 from distillpipe.config.base import build
 from distillpipe.config.run import LoaderConfig
-from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.train import TrainRunConfig
 from distillpipe.store.shards import read_marker
-from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student
 
 LOADER = {"block_rows": 32, "buffer_blocks": 2, "streams": 1}
@@ -37,14 +35,7 @@ def _run(**over):
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trust")
-    clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
-    tokens = make_classification_tokens(root / "cls", clf, n_train=96, n_dev=32)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
-                                            "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
-                                                               pool=1)}, "teacher_cache.datasets.toy")
-    build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr", cpu_threads=1)
-    return {"root": root, "tokens": tokens, "store": root / "cls.zarr"}
+    return make_classification_store(tmp_path_factory.mktemp("trust"))
 
 
 def _init_student(toy, folder, seed):
