@@ -99,7 +99,8 @@ def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
     assert np.mean(hidden[-4:]) < np.mean(hidden[:4]), "the hidden-state loss falls"
     assert "mlm_accuracy" in s.dev and first == 2 * 64 // 8
 
-    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "general", "optim": _optim(epochs=0)}
+    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "general", "tune": "full",
+                                                                     "optim": _optim(epochs=0)}
     _train(toy, tmp_path, ft, name="ft", init=tmp_path / "general", finetune=True)
     g, _ = load_student(tmp_path / "general", torch.device("cpu"))
     f, _ = load_student(tmp_path / "ft", torch.device("cpu"))
@@ -107,6 +108,30 @@ def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
     encoder = [k for k in gs if not k.startswith(("head.", "mlm_head."))]
     assert encoder and all(torch.equal(gs[k], fs[k]) for k in encoder)
     assert any(k.startswith("head.") for k in fs) and not any(k.startswith("mlm_head.") for k in fs)
+
+
+def test_tune_head_trains_only_the_head(toy, tmp_path):
+    """``tune: head`` (frozen features): after real optimizer steps the encoder is bit-identical to the init, the
+    head has moved, and the metrics count only the head as trainable; ``tune: adapters`` on a student without
+    adapters is refused."""
+    _train(toy, tmp_path, _cls_run(optim=_optim(epochs=1)), name="init")
+    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "init", "tune": "head",
+                                                                     "optim": _optim(epochs=2, lr=1e-2)}
+    s = _train(toy, tmp_path, ft, name="ft", init=tmp_path / "init", finetune=True)
+    assert s.steps == 2 * 96 // 8
+    g, _ = load_student(tmp_path / "init", torch.device("cpu"))
+    f, _ = load_student(tmp_path / "ft", torch.device("cpu"))
+    gs, fs = g.state_dict(), f.state_dict()
+    encoder = [k for k in gs if not k.startswith("head.")]
+    assert encoder and all(torch.equal(gs[k], fs[k]) for k in encoder)
+    metrics = json.loads((tmp_path / "ft.json").read_text())
+    head = sum(p.numel() for n, p in f.named_parameters() if n.startswith("head."))
+    assert metrics["trainable_params"] == head < metrics["params"] == sum(p.numel() for p in f.parameters())
+    _train(toy, tmp_path, {**ft, "optim": _optim(epochs=0)}, name="ft0", init=tmp_path / "init", finetune=True)
+    h0 = load_student(tmp_path / "ft0", torch.device("cpu"))[0].state_dict()  # the same seeded head, untrained
+    assert any(not torch.equal(h0[k], fs[k]) for k in fs if k.startswith("head.")), "the head trained"
+    with pytest.raises(Exception, match="has no adapters"):
+        _train(toy, tmp_path, {**ft, "tune": "adapters"}, name="ad", init=tmp_path / "init", finetune=True)
 
 
 def test_early_stopping_keeps_the_best_weights(toy, tmp_path):

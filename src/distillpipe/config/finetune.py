@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from distillpipe.config.run import LoaderConfig, RunConfig
 
@@ -14,6 +15,10 @@ class FinetuneRunConfig(RunConfig):
 
     init: str
     """The ``train`` run whose encoder (and model config) this run starts from."""
+    tune: Literal["full", "adapters", "head"]
+    """Which parameters train: ``full`` fine-tuning (everything); ``adapters``: only the student's adapters and
+    the task head (MiniALBERT adapter tuning, sec. 3.3); ``head``: only the task head, the encoder is a frozen
+    feature extractor (ELMo-style downstream use). Frozen parameters get no gradient and no optimizer state."""
 
 
 @dataclass(frozen=True)

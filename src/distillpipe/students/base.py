@@ -13,8 +13,10 @@ Batch keys (all on the model's device):
   mlm_positions (B, M) long, -1 = unused slot                                        kind 'mlm'
 
 Parameter naming (the loop relies on it): the task head lives under the attribute ``head`` and the
-MLM head under ``mlm_head``; everything else is the encoder. Initialising a task student from a
-general-distilled one copies every encoder tensor and refuses any other mismatch.
+MLM head under ``mlm_head``; everything else is the encoder. Bottleneck adapters (MiniALBERT) live in
+modules whose attribute name starts with ``adapter``: adapter tuning trains exactly those and the head.
+Initialising a task student from a general-distilled one copies every encoder tensor and refuses any
+other mismatch.
 """
 
 from __future__ import annotations
@@ -77,3 +79,29 @@ class StudentOutput:
     """Per-layer pre-softmax attention scores, each (B, H, L_h, L_h)."""
     embeddings: torch.Tensor | None = None
     """(B, L, e) embedding-layer output (WaLDORf embedding loss)."""
+
+
+def is_adapter(name: str) -> bool:
+    """Whether parameter ``name`` (from ``named_parameters``) belongs to a bottleneck adapter."""
+    return any(part.startswith("adapter") for part in name.split(".")[:-1])
+
+
+def freeze_for_tuning(model: torch.nn.Module, tune: str) -> tuple[int, int]:
+    """Leave trainable only what ``tune`` trains (``full``: all; ``adapters``: adapters + task head; ``head``: the
+    task head) and return (trainable, total) parameter counts. Refuses a choice that would train nothing new."""
+    def keep(name: str) -> bool:
+        if tune == "full":
+            return True
+        if name.startswith("head."):
+            return True
+        return tune == "adapters" and is_adapter(name)
+
+    if tune == "adapters" and not any(is_adapter(n) for n, _ in model.named_parameters()):
+        raise ValueError(f"tune: adapters, but this student ({type(model).__name__}) has no adapters: give its "
+                         "model config adapters, or tune: full / head")
+    total = trainable = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_(keep(name))
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return trainable, total

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from distillpipe.config.finetune import FinetuneRunConfig
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
 from distillpipe.data.schema import read_meta
@@ -58,7 +59,7 @@ from distillpipe.runtime import adamw, autocast, rng_state, seed_everything, set
 from distillpipe.scale.ddp import ProcessGroup, join, leave
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student, save_student
-from distillpipe.students.base import TaskSpec
+from distillpipe.students.base import TaskSpec, freeze_for_tuning
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.train.data import Mixture, Source, TrainDataError, collate
 from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
@@ -140,6 +141,8 @@ def param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[di
     for m in modules:
         emb = {id(e.weight) for e in m.modules() if isinstance(e, torch.nn.Embedding)}
         for p in m.parameters():
+            if not p.requires_grad:  # frozen by the run's `tune`: no gradient, no optimizer state
+                continue
             (no_decay if p.ndim < 2 or id(p) in emb else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
@@ -258,6 +261,12 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     student = build_student(model_cfg, task)
     if init_dir is not None:
         _init_from(student, Path(init_dir))
+    tune = run.tune if isinstance(run, FinetuneRunConfig) else "full"
+    try:
+        n_trainable, n_params = freeze_for_tuning(student, tune)
+    except ValueError as e:
+        raise TrainDataError(f"{name}: {e}") from None
+    log.info("%s: %s of %s student parameters train (tune: %s)", name, f"{n_trainable:,}", f"{n_params:,}", tune)
     student.to(dev)
 
     names = store_names(run.objective, task.kind, signals)
@@ -433,6 +442,8 @@ def finish(r: TrainingRun, *, out_dir: str | Path, metrics_path: str | Path, plo
         save_student(out_dir, r.student, r.model_cfg, r.task, record)
         _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
                                    "dev": r.best, "stopped_early": r.stopped_early,
+                                   "params": sum(p.numel() for p in r.student.parameters()),
+                                   "trainable_params": sum(p.numel() for p in r.student.parameters() if p.requires_grad),
                                    "train_rows": sum(s.loader.dataset.store().n_rows for s in r.sources)})
         _write_plots(Path(plots_dir), r.steps_log, r.dev_log)
         clear_checkpoints(r.ckpt_dir)
