@@ -440,10 +440,11 @@ def finish(r: TrainingRun, *, out_dir: str | Path, metrics_path: str | Path, plo
                   "tokens_fingerprint": r.meta["fingerprint"], "tokenizer_sha256": r.meta["tokenizer"]["sha256"],
                   "note": r.run.note}
         save_student(out_dir, r.student, r.model_cfg, r.task, record)
+        counts = [(p.numel(), p.requires_grad) for p in r.student.parameters()]
         _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
                                    "dev": r.best, "stopped_early": r.stopped_early,
-                                   "params": sum(p.numel() for p in r.student.parameters()),
-                                   "trainable_params": sum(p.numel() for p in r.student.parameters() if p.requires_grad),
+                                   "params": sum(n for n, _ in counts),
+                                   "trainable_params": sum(n for n, grad in counts if grad),
                                    "train_rows": sum(s.loader.dataset.store().n_rows for s in r.sources)})
         _write_plots(Path(plots_dir), r.steps_log, r.dev_log)
         clear_checkpoints(r.ckpt_dir)
