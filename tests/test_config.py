@@ -147,7 +147,7 @@ def test_tagged_union_unknown_kind(tmp_path, raw):
 def test_tagged_union_picks_variant_and_checks_its_keys(tmp_path, raw):
     raw["prepare"]["local"]["sst2"] = {
         "format": "glue", "task": "sst2", "path": "data/raw/SST-2", "files": {"train": "train.tsv"},
-        "encoding": "utf-8", "on_bad_rows": "skip"}
+        "encoding": "utf-8", "on_bad_rows": "skip", "carve": None}
     cfg = load_section("prepare", _write(tmp_path, raw))
     assert isinstance(cfg.local["sst2"], LocalGlueConfig) and cfg.dataset("sst2") is cfg.local["sst2"]
     raw["prepare"]["local"]["sst2"]["task"] = "sst3"
@@ -160,7 +160,7 @@ def test_local_files_must_lie_inside_their_folder(tmp_path, raw, name):
     """The folder is what DVC watches: a file outside it could change without re-running anything."""
     raw["prepare"]["local"]["sst2"] = {
         "format": "glue", "task": "sst2", "path": "data/raw/SST-2", "files": {"train": name},
-        "encoding": "utf-8", "on_bad_rows": "skip"}
+        "encoding": "utf-8", "on_bad_rows": "skip", "carve": None}
     with pytest.raises(ConfigError, match=r"prepare\.local\.sst2: files\.train=.* must be a file name relative"):
         load_section("prepare", _write(tmp_path, raw))
 
@@ -168,14 +168,15 @@ def test_local_files_must_lie_inside_their_folder(tmp_path, raw, name):
 def test_a_dataset_has_one_source(tmp_path, raw):
     raw["prepare"]["local"]["wiki"] = {
         "format": "text", "path": "data/raw/wiki", "files": {"train": "wiki.txt"}, "text_field": "text",
-        "encoding": "utf-8", "on_bad_rows": "skip"}
+        "encoding": "utf-8", "on_bad_rows": "skip", "carve": None}
     with pytest.raises(ConfigError, match=r"\['wiki'\] named under both prepare\.datasets and prepare\.local"):
         load_section("prepare", _write(tmp_path, raw))
 
 
 def test_optional_field(tmp_path, raw):
     raw["prepare"]["datasets"]["squad"] = {
-        "source": "hub", "name": "squad_v2", "subset": None, "splits": {"train": "train"}, "text_field": "text"}
+        "source": "hub", "name": "squad_v2", "subset": None, "splits": {"train": "train"}, "text_field": "text",
+        "carve": None}
     cfg = load_section("prepare", _write(tmp_path, raw))
     assert cfg.datasets["squad"].subset is None
 

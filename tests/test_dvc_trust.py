@@ -59,10 +59,12 @@ def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, t
     rows = ["a fine film", "a dull film", "great acting", "poor script", "loved it", "hated it"]
     (raw / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(rows)))
     (raw / "dev.tsv").write_text("sentence\tlabel\nfine work\t1\nbad work\t0\n")
+    (raw / "test.tsv").write_text("sentence\tlabel\ngood film\t1\nweak film\t0\n")
     params = tiny_params(teacher)
     params["prepare"]["local"] = {"tiny_sst2": {"format": "glue", "task": "sst2", "path": "data/raw/tiny_sst2",
-                                                "files": {"train": "train.tsv", "dev": "dev.tsv"},
-                                                "encoding": "utf-8", "on_bad_rows": "error"}}
+                                                "files": {"train": "train.tsv", "dev": "dev.tsv",
+                                                          "test": "test.tsv"},
+                                                "encoding": "utf-8", "on_bad_rows": "error", "carve": None}}
     params["tokenize"]["datasets"]["tiny_sst2"] = {"kind": "classification"}
     write_params(repo, params)
     targets = ["tokenize@tiny_sst2", "tokenize@polarity"]

@@ -79,7 +79,7 @@ def test_failed_build_leaves_previous_output_untouched(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("index\tsentence1\tsentence2\tlabel\n0\tonly two\tcolumns\n", encoding="utf-8")
     cfg = build(LocalGlueConfig, dict(format="glue", task="rte", path=str(tmp_path), files={"train": "bad.tsv"},
-                                      encoding="utf-8", on_bad_rows="error"), "prepare.local.rte")
+                                      encoding="utf-8", on_bad_rows="error", carve=None), "prepare.local.rte")
     with pytest.raises(PrepareError, match=r"bad\.tsv:2:"):
         prepare_dataset("rte", cfg, out)
     assert tree_digest(out) == before

@@ -11,9 +11,9 @@ from distillpipe.config.prepare import LocalGlueConfig
 from distillpipe.data.sources import PrepareError, build_source
 
 
-def glue(task, files, encoding="utf-8", on_bad_rows="error"):
+def glue(task, files, encoding="utf-8", on_bad_rows="error", carve=None):
     return build(LocalGlueConfig, dict(format="glue", task=task, **local_files(files),
-                                       encoding=encoding, on_bad_rows=on_bad_rows), "prepare.local.x")
+                                       encoding=encoding, on_bad_rows=on_bad_rows, carve=carve), "prepare.local.x")
 
 
 def write(path: Path, lines: list[str], encoding="utf-8") -> Path:

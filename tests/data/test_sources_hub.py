@@ -4,24 +4,25 @@ in-memory datasets shaped like the hub's (no download is possible here)."""
 import time
 
 import pytest
+import yaml
 from datasets import ClassLabel, Dataset, Features, List, Value
 
 from distillpipe.config.base import build
-from distillpipe.config.prepare import HubConfig
+from distillpipe.config.prepare import HubConfig, LocalDatasetConfig
 from distillpipe.data.sources import PrepareError, build_source
 from distillpipe.data.sources.base import FEATURES, Skips
 from distillpipe.data.sources.hub import map_hub_split, resolve
 
 
-def hub(name, subset=None, text_field="text", splits=None):
+def hub(name, subset=None, text_field="text", splits=None, carve=None):
     return build(HubConfig, dict(source="hub", name=name, subset=subset, splits=splits or {"train": "train"},
-                                 text_field=text_field), "prepare.datasets.h")
+                                 text_field=text_field, carve=carve), "prepare.datasets.h")
 
 
 @pytest.mark.parametrize("name, snippet", [
     ("glue/sst2", "format: glue\n      task: sst2\n      path: data/raw/SST-2\n"
-                  "      files: {train: train.tsv, dev: dev.tsv}"),
-    ("glue/mnli", "dev_matched: dev_matched.tsv, dev_mismatched: dev_mismatched.tsv"),
+                  "      files: {train: train.tsv, test: dev.tsv}"),
+    ("glue/mnli", "test_matched: dev_matched.tsv, test_mismatched: dev_mismatched.tsv"),
     ("squad_v2", "format: squad"),
     ("wikimedia/wikipedia", "format: jsonl"),
 ])
@@ -34,6 +35,10 @@ def test_offline_fails_fast_with_local_snippet(name, snippet, monkeypatch):
     msg = str(err.value)
     assert "prepare.datasets.mine" in msg and "hub is unreachable" in msg and "_OFFLINE is set" in msg
     assert "  local:\n    mine:\n      format:" in msg and snippet in msg
+    # the snippet is valid params as pasted (GLUE/SQuAD: dev carved from train, the official dev as test)
+    entry = yaml.safe_load(msg[msg.index("prepare:"):])["prepare"]["local"]["mine"]
+    cfg = build(LocalDatasetConfig, entry, "prepare.local.mine")
+    assert (cfg.carve is not None) == (entry["format"] in ("glue", "squad"))
 
 
 @pytest.mark.parametrize("name, subset, expected", [

@@ -11,13 +11,14 @@ from distillpipe.config.prepare import LocalSquadConfig, LocalTextConfig
 from distillpipe.data.sources import PrepareError, build_source
 
 
-def squad(files, encoding="utf-8"):
-    return build(LocalSquadConfig, dict(format="squad", **local_files(files), encoding=encoding), "prepare.local.sq")
+def squad(files, encoding="utf-8", carve=None):
+    return build(LocalSquadConfig, dict(format="squad", **local_files(files), encoding=encoding, carve=carve),
+                 "prepare.local.sq")
 
 
-def corpus(fmt, files, text_field="text", encoding="utf-8", on_bad_rows="error"):
+def corpus(fmt, files, text_field="text", encoding="utf-8", on_bad_rows="error", carve=None):
     return build(LocalTextConfig, dict(format=fmt, **local_files(files), text_field=text_field, encoding=encoding,
-                                       on_bad_rows=on_bad_rows), "prepare.local.c")
+                                       on_bad_rows=on_bad_rows, carve=carve), "prepare.local.c")
 
 
 def squad_doc(qas, context="Warsaw is the capital of Poland. It lies on the Vistula."):

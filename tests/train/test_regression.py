@@ -55,7 +55,8 @@ def stsb(tmp_path_factory, shared_data):
     d = shared_data / "glue" / "STS-B"
     cfg = build(LocalGlueConfig, {"format": "glue", "task": "stsb", "path": str(d),
                                   "files": {"train": "train.tsv", "dev": "dev.tsv"}, "encoding": "utf-8",
-                                  "on_bad_rows": "error"}, "prepare.local.stsb")
+                                  "on_bad_rows": "error", "carve": {"dev": 0.0, "test": 0.1, "seed": 0}},
+                "prepare.local.stsb")
     prepare_dataset("stsb", cfg, root / "prepared")
     from datasets import load_from_disk
 

@@ -22,6 +22,48 @@ class SplitFractions:
 
 
 @dataclass(frozen=True)
+class CarveConfig:
+    """Carve ``dev`` (and ``test``) out of ``train`` by a seeded fraction of groups: rows that share a group
+    (a SQuAD article title; a GLUE sentence, with pairs joined when they share either sentence; a corpus
+    document) all land in one split, so no dev or test row shares its group with a train row.
+
+    ``dev`` selects models (early stopping, the QA no-answer threshold); ``test`` is what the report shows.
+    The usual recipe for GLUE or SQuAD, whose official test labels are not public: carve ``dev`` from train and
+    give the official dev file as ``test``."""
+
+    dev: float
+    """Fraction of train's groups moved to ``dev`` (0: none, e.g. when a dev file is given)."""
+    test: float
+    """Fraction of train's groups moved to ``test`` (0: none)."""
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.dev < 1 and 0 <= self.test < 1 and 0 < self.dev + self.test < 1):
+            raise ConfigError(f"carve: dev={self.dev}, test={self.test} must be >= 0, not both 0, and sum to < 1")
+
+
+def _check_carve(carve: CarveConfig | None, splits: dict[str, str], what: str) -> None:
+    """A split comes from one place: a file (or hub split) or the carve, never both; and no two of our splits read
+    the same file (the same rows would select the model and be reported)."""
+    seen: dict[str, str] = {}
+    for split, src in splits.items():
+        if src in seen:
+            raise ConfigError(f"{what}: splits {seen[src]!r} and {split!r} both read {src!r}: the same rows would "
+                              "select the model (dev) and be reported (test). Carve dev from train instead "
+                              "(carve: {dev: 0.1, test: 0.0, seed: 0}) and keep the file as test")
+        seen[src] = split
+    if carve is None:
+        return
+    if "train" not in splits:
+        raise ConfigError(f"{what}: carve needs a train split to carve from")
+    for split in ("dev", "test"):
+        if getattr(carve, split) > 0 and split in splits:
+            raise ConfigError(f"{what}: {split} is given ({splits[split]!r}) and carved from train "
+                              f"(carve.{split}={getattr(carve, split)}): keep one (set carve.{split}: 0, or drop "
+                              f"{split} from the files)")
+
+
+@dataclass(frozen=True)
 class ArticleSplitConfig:
     """The one partition of the Wikipedia sample's articles into train/dev/test, shared by every dataset built
     from it (``wiki``, ``wiki_pairs``, ``wiki_qa``; augment reads the corpus's train split). It is drawn once over
@@ -116,9 +158,12 @@ class LocalGlueConfig:
     """split name -> TSV file in ``path`` (MNLI: e.g. ``dev_matched``, ``dev_mismatched``)."""
     encoding: str
     on_bad_rows: Literal["error", "skip"]
+    carve: CarveConfig | None
+    """Split dev (and test) off train, grouped by sentence (null: the files' splits as they are)."""
 
     def __post_init__(self) -> None:
         _check_local_files(self.path, self.files)
+        _check_carve(self.carve, self.files, f"glue {self.path}")
 
 
 @dataclass(frozen=True)
@@ -131,9 +176,12 @@ class LocalSquadConfig:
     files: dict[str, str]
     """split name -> JSON file in ``path``."""
     encoding: str
+    carve: CarveConfig | None
+    """Split dev (and test) off train, grouped by article title (null: the files' splits as they are)."""
 
     def __post_init__(self) -> None:
         _check_local_files(self.path, self.files)
+        _check_carve(self.carve, self.files, f"squad {self.path}")
 
 
 @dataclass(frozen=True)
@@ -149,9 +197,12 @@ class LocalTextConfig:
     """JSONL only: the key holding the document text (ignored for ``text``)."""
     encoding: str
     on_bad_rows: Literal["error", "skip"]
+    carve: CarveConfig | None
+    """Split dev (and test) off train, by document (null: the files' splits as they are)."""
 
     def __post_init__(self) -> None:
         _check_local_files(self.path, self.files)
+        _check_carve(self.carve, self.files, f"{self.format} {self.path}")
 
 
 @dataclass(frozen=True)
@@ -167,6 +218,12 @@ class HubConfig:
     """our split -> hub split (``train: train``, ``dev: validation``)."""
     text_field: str
     """Corpora only: the column holding the text."""
+    carve: CarveConfig | None
+    """Split dev (and test) off train, grouped as for local files (null: the hub splits as they are). GLUE's hub
+    test splits carry no labels: carve dev from train and map the hub's validation to ``test``."""
+
+    def __post_init__(self) -> None:
+        _check_carve(self.carve, self.splits, f"hub {self.name}")
 
 
 PrepareDatasetConfig = Union[

@@ -55,6 +55,13 @@ def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path,
     for split, ds in prepared.splits.items():
         if len(ds) == 0:
             raise PrepareError(f"prepare: dataset {name}: split {split!r} is empty; check its source and fractions")
+    if prepared.task_type != "corpus" and "dev" in prepared.splits and not any(
+            s.startswith("test") for s in prepared.splits):
+        raise PrepareError(
+            f"prepare: dataset {name} has a dev split but no test split: dev selects the model (early stopping, the "
+            "QA no-answer threshold), so it cannot also be the score the report shows. Carve dev from train and keep "
+            "the official dev file as test: `files: {train: train.tsv, test: dev.tsv}` and "
+            "`carve: {dev: 0.1, test: 0.0, seed: 0}` (hub: `splits: {train: train, test: validation}`)")
     rows = {split: len(ds) for split, ds in prepared.splits.items()}
     skipped = prepared.skips.as_dict()
     meta = {

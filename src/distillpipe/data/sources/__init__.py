@@ -21,6 +21,7 @@ from distillpipe.config.prepare import (
     LocalTextConfig,
 )
 from distillpipe.data.sources.base import Prepared, PrepareError, Skips
+from distillpipe.data.sources.carve import carve_splits
 from distillpipe.data.sources.embedded import build_polarity
 from distillpipe.data.sources.glue import build_glue
 from distillpipe.data.sources.hub import build_hub
@@ -41,9 +42,14 @@ BUILDERS: dict[type, Callable[..., Prepared]] = {
 }
 
 
+CARVABLE = (LocalGlueConfig, LocalSquadConfig, LocalTextConfig, HubConfig)
+"""Sources that may carve dev/test from train (embedded assets have their own fixed splits)."""
+
+
 def build_source(name: str, cfg: AnyDatasetConfig, wiki_articles: ArticleSplitConfig | None = None) -> Prepared:
-    """Build the splits of dataset ``name`` from its config (dispatch on the config type); a dataset built from
-    the Wikipedia sample needs the shared article partition ``wiki_articles``."""
+    """Build the splits of dataset ``name`` from its config (dispatch on the config type), carving dev/test from
+    train when the config says so; a dataset built from the Wikipedia sample needs the shared article partition
+    ``wiki_articles``."""
     builder = BUILDERS.get(type(cfg))
     if builder is None:
         raise TypeError(f"no source builder for {type(cfg).__name__}")  # programming error
@@ -51,7 +57,10 @@ def build_source(name: str, cfg: AnyDatasetConfig, wiki_articles: ArticleSplitCo
         if wiki_articles is None:
             raise TypeError(f"{name}: a dataset of the Wikipedia sample needs the article partition")
         return builder(name, cfg, wiki_articles)
-    return builder(name, cfg)
+    prepared = builder(name, cfg)
+    if isinstance(cfg, CARVABLE) and cfg.carve is not None:
+        prepared = carve_splits(name, prepared, cfg.carve)
+    return prepared
 
 
 __all__ = ["BUILDERS", "PrepareError", "Prepared", "Skips", "build_source"]

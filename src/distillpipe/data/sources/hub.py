@@ -45,20 +45,21 @@ def resolve(cfg: HubConfig) -> tuple[str, str, str | None]:
 
 
 def _offline_snippet(name: str, kind: str) -> str:
+    carve = "      carve: {dev: 0.1, test: 0.0, seed: 0}   # dev selects the model; the official dev is the test"
     if kind.startswith("glue:"):
         task = kind.split(":", 1)[1]
         devs = ["dev_matched", "dev_mismatched"] if task == "mnli" else ["dev"]
-        files = ", ".join(f"{s}: {s}.tsv" for s in ["train", *devs])
+        files = ", ".join(["train: train.tsv", *(f"{d.replace('dev', 'test')}: {d}.tsv" for d in devs)])
         fmt = (f"      format: glue\n      task: {task}\n      path: data/raw/{GLUE_DIRS[task]}\n"
-               f"      files: {{{files}}}\n      encoding: utf-8\n      on_bad_rows: error")
+               f"      files: {{{files}}}\n      encoding: utf-8\n      on_bad_rows: error\n{carve}")
     elif kind == "squad":
         fmt = ("      format: squad\n      path: data/raw/squad\n"
-               "      files: {train: train-v2.0.json, dev: dev-v2.0.json}\n"
-               "      encoding: utf-8")
+               "      files: {train: train-v2.0.json, test: dev-v2.0.json}\n"
+               f"      encoding: utf-8\n{carve}")
     else:
         fmt = ("      format: jsonl              # or text: documents separated by blank lines\n"
                "      path: data/raw/corpus\n      files: {train: train.jsonl, dev: dev.jsonl}\n"
-               "      text_field: text\n      encoding: utf-8\n      on_bad_rows: error")
+               "      text_field: text\n      encoding: utf-8\n      on_bad_rows: error\n      carve: null")
     return f"prepare:\n  local:\n    {name}:\n{fmt}"
 
 
