@@ -13,6 +13,7 @@ from distillpipe.commands import (
     evaluate,
     finetune,
     inspect,
+    new_task,
     prepare,
     qg_finetune,
     report,
@@ -41,6 +42,7 @@ for name, fn in [
     ("speed", speed.speed),
     ("report", report.report),
     ("inspect", inspect.inspect),
+    ("new-task", new_task.new_task),
 ]:
     app.command(name)(fn)
 
