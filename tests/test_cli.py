@@ -33,8 +33,8 @@ def test_wrong_encoding_names_file_line_and_fix(tmp_path):
 
 
 def test_hub_offline_fails_fast(tmp_path):
-    sq = {"source": "hub", "name": "squad_v2", "subset": None, "splits": {"train": "train"}, "text_field": "text",
-          "carve": None}
+    sq = {"source": "hub", "name": "squad_v2", "subset": None, "revision": None, "splits": {"train": "train"},
+          "text_field": "text", "carve": None}
     params = {"prepare": {"wiki_articles": WIKI_ARTICLES, "datasets": {"sq": sq}, "local": {}}}
     t = time.time()
     res = runner.invoke(app, ["prepare", "--dataset", "sq", "--out", str(tmp_path / "o"),

@@ -175,7 +175,8 @@ def test_a_dataset_has_one_source(tmp_path, raw):
 
 def test_optional_field(tmp_path, raw):
     raw["prepare"]["datasets"]["squad"] = {
-        "source": "hub", "name": "squad_v2", "subset": None, "splits": {"train": "train"}, "text_field": "text",
+        "source": "hub", "name": "squad_v2", "subset": None, "revision": None, "splits": {"train": "train"},
+        "text_field": "text",
         "carve": None}
     cfg = load_section("prepare", _write(tmp_path, raw))
     assert cfg.datasets["squad"].subset is None

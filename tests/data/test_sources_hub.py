@@ -15,8 +15,9 @@ from distillpipe.data.sources.hub import map_hub_split, resolve
 
 
 def hub(name, subset=None, text_field="text", splits=None, carve=None):
-    return build(HubConfig, dict(source="hub", name=name, subset=subset, splits=splits or {"train": "train"},
-                                 text_field=text_field, carve=carve), "prepare.datasets.h")
+    return build(HubConfig, dict(source="hub", name=name, subset=subset, revision=None,
+                                 splits=splits or {"train": "train"}, text_field=text_field, carve=carve),
+                 "prepare.datasets.h")
 
 
 @pytest.mark.parametrize("name, snippet", [

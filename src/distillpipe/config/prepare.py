@@ -214,8 +214,12 @@ class HubConfig:
     """``glue/<task>``, ``squad``/``squad_v2`` or any corpus with a text column."""
     subset: str | None
     """Hub configuration name (``20231101.en`` for wikipedia); null when there is none."""
+    revision: str | None
+    """The dataset repository's commit sha (or tag) to read; null = its default branch as it is today (the resolved
+    commit is recorded in meta.json and a warning asks to pin it, so that a moved hub dataset changes params.yaml,
+    which re-runs this dataset's chain, instead of being mixed in by a later run)."""
     splits: dict[str, str]
-    """our split -> hub split (``train: train``, ``dev: validation``)."""
+    """our split -> hub split (``train: train``, ``test: validation``)."""
     text_field: str
     """Corpora only: the column holding the text."""
     carve: CarveConfig | None

@@ -73,6 +73,7 @@ def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path,
         # not the folder of local files: moving the data elsewhere must not change the output
         "source": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "path"},
         **({"wiki_articles": dataclasses.asdict(wiki_articles)} if isinstance(cfg, WIKI_DERIVED) else {}),
+        **({"provenance": prepared.provenance} if prepared.provenance else {}),
         "summary": {"rows": rows, "skipped": skipped},
     }
     assert prepared.task_type in schema.TASK_TYPES, prepared.task_type

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from distillpipe.assets import resolve_model, weights_sha256
+from distillpipe.assets import hub_revision, resolve_model, weights_sha256
 
 
 def import_teacher(spec: str, out_dir: str | Path) -> str:
@@ -17,7 +17,9 @@ def import_teacher(spec: str, out_dir: str | Path) -> str:
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("__pycache__", ".gitattributes", "*.md"))
-    (tmp / "distillpipe_source.json").write_text(json.dumps({"spec": spec}) + "\n")
+    # the hub commit (None for embedded and local models) travels with the weights, in the DVC output
+    source = {"spec": spec, **({"hub_revision": hub_revision(src)} if hub_revision(src) else {})}
+    (tmp / "distillpipe_source.json").write_text(json.dumps(source) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())

@@ -103,6 +103,8 @@ class Prepared:
     label_names: list[str]
     text_fields: list[str]
     skips: Skips = field(default_factory=Skips)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """Where the rows came from beyond the params (the hub commit a branch resolved to), for meta.json."""
 
     @property
     def num_labels(self) -> int:

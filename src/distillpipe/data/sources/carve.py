@@ -77,7 +77,7 @@ def carve_splits(name: str, prepared: Prepared, carve: CarveConfig) -> Prepared:
     ordered = {s: splits[s] for s in ("train", "dev", "test") if s in splits}
     ordered.update({s: d for s, d in splits.items() if s not in ordered})
     return Prepared(splits=ordered, task_type=prepared.task_type, label_names=prepared.label_names,
-                    text_fields=prepared.text_fields, skips=prepared.skips)
+                    text_fields=prepared.text_fields, skips=prepared.skips, provenance=prepared.provenance)
 
 
 def _first_seen(groups: np.ndarray) -> list[int]:

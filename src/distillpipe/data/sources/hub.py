@@ -114,21 +114,28 @@ def build_hub(name: str, cfg: HubConfig) -> Prepared:
             f"`prepare.local` in params.yaml instead (move the entry there), e.g.\n{_offline_snippet(name, kind)}"
         )
     from datasets import load_dataset
+    from huggingface_hub import HfApi
 
     if not cfg.splits:
         raise PrepareError(f"{key}.splits is empty; "
-                           "map our split names to hub splits, e.g. {train: train, dev: validation}")
+                           "map our split names to hub splits, e.g. {train: train, test: validation}")
+    # one commit for every split, recorded in meta.json (a DVC output): a moved branch cannot mix two versions
+    sha = HfApi().dataset_info(repo, revision=cfg.revision).sha
+    if cfg.revision != sha:
+        logger.warning("%s: hub dataset %s resolved to commit %s; pin it (%s.revision: %s) so that a moved hub "
+                       "dataset changes params.yaml instead of slipping in unnoticed", key, repo, sha, key, sha)
     skips = Skips()
     splits = {}
     for ours, theirs in cfg.splits.items():
-        logger.info("loading %s (%s) split %s from the hub", repo, subset, theirs)
-        ds = load_dataset(repo, subset, split=theirs)
+        logger.info("loading %s (%s) split %s at %s from the hub", repo, subset, theirs, sha[:12])
+        ds = load_dataset(repo, subset, split=theirs, revision=sha)
         splits[ours] = map_hub_split(kind, ds, cfg, skips)
+    provenance = {"hub_repo": repo, "hub_revision": sha}
     if kind.startswith("glue:"):
         task = GLUE_TASKS[kind.split(":", 1)[1]]
         text_fields = ["text_a"] + (["text_b"] if task.text_b else [])
         task_type = "classification" if task.label_names else "regression"
-        return Prepared(splits, task_type, list(task.label_names or []), text_fields, skips)
+        return Prepared(splits, task_type, list(task.label_names or []), text_fields, skips, provenance)
     if kind == "squad":
-        return Prepared(splits, "qa", [], ["question", "context"], skips)
-    return Prepared(splits, "corpus", [], ["text"], skips)
+        return Prepared(splits, "qa", [], ["question", "context"], skips, provenance)
+    return Prepared(splits, "corpus", [], ["text"], skips, provenance)
