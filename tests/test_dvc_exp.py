@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
+import pytest
 import yaml
 from _dvc import DVC, ROOT, sh
 
@@ -31,3 +33,76 @@ def test_exp_run_set_param_changes_exactly_that_run(tmp_path):
     assert after["train"]["runs"]["waldorf-slow"]["optim"]["lr"] == 0.002
     after["train"]["runs"]["waldorf-slow"]["optim"]["lr"] = before["train"]["runs"]["waldorf-slow"]["optim"]["lr"]
     assert after == before  # every other value (the other WaLDORf rows' lr included) untouched
+
+
+STUB = '''"""A stage stand-in: every out's bytes are a digest of the stage's params values and data deps, as a real
+stage's outputs are a function of them."""
+import hashlib
+import json
+import pathlib
+import sys
+
+import yaml
+
+args = sys.argv[1:]
+i, j = args.index("--deps"), args.index("--params")
+outs, deps, keys = args[:i], args[i + 1:j], args[j + 1:]
+h = hashlib.sha256()
+params = yaml.safe_load(open("params.yaml"))
+for key in keys:
+    value = params
+    for part in key.split("."):
+        value = value[part]
+    h.update(json.dumps(value, sort_keys=True).encode())
+for dep in deps:
+    p = pathlib.Path(dep)
+    for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+        if f.is_file():
+            h.update(str(f).encode() + f.read_bytes())
+for out in outs:
+    p = pathlib.Path(out)
+    if p.suffix in (".json", ".md", ".png"):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(h.hexdigest())
+    else:
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "stub").write_text(h.hexdigest())
+'''
+
+
+def _paths(entries) -> list[str]:
+    return [next(iter(e)) if isinstance(e, dict) else e for e in entries or []]
+
+
+def stub_pipeline(real: dict) -> dict:
+    """The real dvc.yaml with every command replaced by STUB over the same outs, data deps and params: DVC decides
+    what re-runs from exactly these, so the stand-in reproduces the real pipeline's re-run decisions."""
+    stages = {}
+    for name, stage in real["stages"].items():
+        body = dict(stage.get("do", stage))
+        outs = _paths(body.get("outs")) + _paths(body.get("metrics")) + _paths(body.get("plots"))
+        deps = [d for d in body.get("deps", []) if not d.startswith(("src/", "stages/"))]
+        keys = [k for p in body.get("params", []) for k in ([p] if isinstance(p, str) else p)]
+        body["cmd"] = " ".join(["python stub.py", *outs, "--deps", *deps, "--params", *keys])
+        body["deps"] = deps
+        stages[name] = {**stage, "do": body} if "do" in stage else body
+    return {"stages": stages}
+
+
+@pytest.mark.slow
+def test_exp_run_set_reruns_exactly_that_run_its_evaluation_and_the_report(tmp_path):
+    """The whole real graph (dvc.yaml, params.yaml) with stand-in commands: after a full repro, `dvc exp run -S` on
+    one WaLDORf run's lr runs that run's train, evaluate and speed stages and the report, nothing else."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "stub.py").write_text(STUB)
+    real = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(stub_pipeline(real), sort_keys=False))
+    sh(tmp_path, "git", "init", "-q")
+    sh(tmp_path, DVC, "init", "-q")
+    sh(tmp_path, DVC, "config", "core.analytics", "false")
+    sh(tmp_path, DVC, "repro", "-q")
+    sh(tmp_path, "git", "add", "-A")
+    sh(tmp_path, "git", "commit", "-qm", "pipeline")
+    res = sh(tmp_path, DVC, "exp", "run", "-S", f"{SLOW_LR}=0.002")
+    ran = set(re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr))
+    assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "speed@waldorf-slow", "report"}, ran
