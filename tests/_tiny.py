@@ -79,7 +79,7 @@ def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 
         splits["test"] = split("test", n_test)
     DatasetDict(splits).save_to_disk(str(prepared))
     write_meta(prepared, {"name": "toy_qa", "task_type": "qa"})
-    cfg = TokenizeConfig(str(model_dir), 32, {"toy_qa": TokenizeQAConfig("qa", doc_stride=8, max_query_len=8)})
+    cfg = TokenizeConfig(str(model_dir), 32, {"toy_qa": TokenizeQAConfig("qa", doc_stride=8, max_query_len=8, max_seq_len=None)})
     tokenize_dataset("toy_qa", prepared, cfg, tokens)
     return prepared, tokens
 

@@ -63,7 +63,7 @@ def stsb(tmp_path_factory, shared_data):
     base = _tiny_bert_for(list(train["text_a"]) + list(train["text_b"]), root / "base")
     tokens = root / "tokens"
     tokenize_dataset("stsb", root / "prepared",
-                     TokenizeConfig(str(base), 64, {"stsb": TokenizeClassificationConfig("classification")}), tokens)
+                     TokenizeConfig(str(base), 64, {"stsb": TokenizeClassificationConfig("classification", None)}), tokens)
     tcfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=32, lr=1e-3, checkpoint_every=1000,
                                                             regression_bin_width=WIDTH), "teacher_finetune.tasks.stsb")
     teacher = finetune_teacher("stsb", base, tokens, root / "prepared", tcfg, "cpu", root / "teacher", root / "tck",
