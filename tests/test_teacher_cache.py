@@ -31,7 +31,8 @@ def tiny(tmp_path_factory):
 
 
 def _cfg(head="base", **sig):
-    return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train", "signals": signals(**sig)},
+    return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train",
+                                             "max_rows": None, "signals": signals(**sig)},
                  "teacher_cache.datasets.toy")
 
 
@@ -149,7 +150,8 @@ def _run(tiny, params, out, kill_at=None):
 def _params(tmp_path, **sig):
     return write_params(tmp_path / "params.yaml", {"teacher_cache": {
         "device": "cpu", "batch_size": 8, "cpu_threads": 1, "shard_rows": SHARD,
-        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "signals": signals(**sig)}}}})
+        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "max_rows": None,
+                             "signals": signals(**sig)}}}})
 
 
 def _tree(root: Path) -> list[str]:
