@@ -63,7 +63,7 @@ def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, t
     params["prepare"]["local"] = {"tiny_sst2": {"format": "glue", "task": "sst2", "path": "data/raw/tiny_sst2",
                                                 "files": {"train": "train.tsv", "dev": "dev.tsv"},
                                                 "encoding": "utf-8", "on_bad_rows": "error"}}
-    params["tokenize"]["datasets"]["tiny_sst2"] = {"kind": "classification"}
+    params["tokenize"]["datasets"]["tiny_sst2"] = {"kind": "classification", "max_seq_len": None}
     write_params(repo, params)
     targets = ["tokenize@tiny_sst2", "tokenize@polarity"]
     sh(repo, DVC, "repro", *targets)

@@ -103,7 +103,7 @@ def test_bad_combinations_are_refused(tiny, tmp_path):
         build_teacher_cache("toy", tiny["mlm"], other, _cfg(), "cpu", 8, SHARD, tmp_path / "x.zarr", cpu_threads=1)
     with pytest.raises(TeacherCacheError, match="split='dev'"):
         cfg = build(TeacherCacheDatasetConfig,
-                    {"teacher": "t", "head": "base", "split": "dev", "signals": signals()}, "k")
+                    {"teacher": "t", "head": "base", "split": "dev", "max_rows": None, "signals": signals()}, "k")
         build_teacher_cache("toy", tiny["mlm"], tiny["base"], cfg, "cpu", 8, SHARD, tmp_path / "y.zarr", cpu_threads=1)
 
 
