@@ -170,3 +170,20 @@ def test_general_distillation_learns_on_held_out_rows(mlm, tmp_path):
         return x["hard"] + 3.0 * (x["attn_kl/0"] + x["attn_kl/1"])
 
     assert total(after) < 0.9 * total(before)
+
+
+def test_attention_kl_needs_the_cached_probabilities(mlm):
+    """A cache of pooled scores (or of other layers) cannot feed the attention KL: refused, naming the fix."""
+    import dataclasses
+
+    from distillpipe.train.objective import ObjectiveError, StudentDims
+
+    spec = open_store(mlm["store"]).manifest.signals
+    dims = StudentDims(hidden=(32, 32), hidden_stride=1, attn_heads=(4, 4), embedding=0)
+    Objective(_objective_cfg({"attn_kl": 1.0}), kind="mlm", signals=spec, dims=dims)  # the cache has L1, L2
+    scores_only = dataclasses.replace(spec, attn_layers=(1, 2), attn_probs_layers=())
+    with pytest.raises(ObjectiveError, match=r"attention probabilities of layers \[1, 2\].*attn_probs: true"):
+        Objective(_objective_cfg({"attn_kl": 1.0}), kind="mlm", signals=scores_only, dims=dims)
+    with pytest.raises(ObjectiveError, match=r"as many student heads as teacher heads \(4\)"):
+        Objective(_objective_cfg({"attn_kl": 1.0}), kind="mlm", signals=spec,
+                  dims=dataclasses.replace(dims, attn_heads=(2, 2)))
