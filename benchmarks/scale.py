@@ -43,7 +43,8 @@ def cluster(kind: str, workers: int, threads: int, machine_file: Path):
 def cache_rates(tmp: Path, rows: int, shard_rows: int) -> None:
     model_dir = resolve_model("embedded:minilm-l6")
     tokens = make_tokens(tmp / "tokens", model_dir, rows)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "base", "head": "base", "split": "train", "signals": SIGNALS},
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "base", "head": "base", "split": "train", "max_rows": None,
+                                            "signals": SIGNALS},
                 "bench")
     (tmp / "machine.yaml").write_text("")
     # (label, cluster, torch threads per computation). Dask workers get 2 threads: while one computes a shard
@@ -81,6 +82,7 @@ def ddp_step_time(tmp: Path, train_rows: int) -> None:
     clf = make_tiny_bert_dir(tmp / "clf", num_labels=2, seed=1)
     tokens = make_classification_tokens(tmp / "cls", clf, n_train=train_rows, n_dev=64)
     cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
+                                            "max_rows": None,
                                             "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                pool=1)}, "c")
     build_teacher_cache("toy", tokens, clf, cfg, "cpu", 64, 256, tmp / "cls.zarr", cpu_threads=1)

@@ -560,7 +560,7 @@ def bench_training(device, rows: int, L: int, batch_size: int, repeats: int, stu
             store = tmp / f"{kind}.zarr"
             cfg = build(
                 TeacherCacheDatasetConfig,
-                {"teacher": "t", "head": head, "split": "train", "signals": sig},
+                {"teacher": "t", "head": head, "split": "train", "max_rows": None, "signals": sig},
                 "teacher_cache.datasets.bench",
             )
             t = time.perf_counter()

@@ -83,7 +83,8 @@ def main() -> None:
     device = resolve_device(args.device)
     model_dir = resolve_model("embedded:minilm-l6")
     model, _ = load_teacher(model_dir, "base", device)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "base", "head": "base", "split": "train", "signals": SIGNALS},
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "base", "head": "base", "split": "train", "max_rows": None,
+                                            "signals": SIGNALS},
                 "bench")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -79,7 +79,8 @@ def make_qa_tokens(root: Path, model_dir: Path, n_train: int = 48, n_dev: int = 
         splits["test"] = split("test", n_test)
     DatasetDict(splits).save_to_disk(str(prepared))
     write_meta(prepared, {"name": "toy_qa", "task_type": "qa"})
-    cfg = TokenizeConfig(str(model_dir), 32, {"toy_qa": TokenizeQAConfig("qa", doc_stride=8, max_query_len=8)})
+    qa_cfg = TokenizeQAConfig("qa", doc_stride=8, max_query_len=8, max_seq_len=None)
+    cfg = TokenizeConfig(str(model_dir), 32, {"toy_qa": qa_cfg})
     tokenize_dataset("toy_qa", prepared, cfg, tokens)
     return prepared, tokens
 
@@ -175,6 +176,7 @@ def make_classification_store(root: Path) -> dict:
     clf = make_tiny_bert_dir(root / "clf", num_labels=2, seed=1)
     tokens = make_classification_tokens(root / "cls", clf, n_train=96, n_dev=32)
     cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
+                                            "max_rows": None,
                                             "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                pool=1)}, "teacher_cache.datasets.toy")
     build_teacher_cache("toy", tokens, clf, cfg, "cpu", 16, 32, root / "cls.zarr", cpu_threads=1)

@@ -55,7 +55,8 @@ def test_inspect_and_verify(tmp_path):
     tokens = make_mlm_tokens(tmp_path / "mlm", base, n_rows=40)
     params = write_params(tmp_path / "p.yaml", {"teacher_cache": {
         "device": "cpu", "batch_size": 8, "cpu_threads": 1, "shard_rows": 16,
-        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "signals": signals()}}}})
+        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train",
+                             "max_rows": None, "signals": signals()}}}})
     res = runner.invoke(app, ["teacher-cache", "--dataset", "toy", "--tokens", str(tokens), "--teacher", str(base),
                               "--out", str(tmp_path / "s.zarr"), "--params", str(params)])
     assert res.exit_code == 0, res.output

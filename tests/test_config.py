@@ -191,8 +191,24 @@ def test_cross_field_checks(tmp_path, raw):
     with pytest.raises(ConfigError, match=r"prepare\.wiki_articles\.splits: split fractions"):
         load_section("prepare", _write(tmp_path, raw))
     raw = yaml.safe_load(PARAMS.read_text())
-    raw["teacher_cache"]["datasets"]["wiki_qa"]["signals"]["attn_probs"] = True
-    with pytest.raises(ConfigError, match="no student loss reads"):
+    raw["teacher_cache"]["datasets"]["wiki"]["signals"]["attn_probs"] = True  # wiki caches no attention layer
+    with pytest.raises(ConfigError, match="attn_probs: true keeps the attention probabilities of attn_layers"):
+        load_section("teacher_cache", _write(tmp_path, raw))
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["tokenize"]["datasets"]["wiki"]["max_seq_len"] = 4
+    with pytest.raises(ConfigError, match=r"tokenize\.datasets\.wiki\.max_seq_len=4 is too small"):
+        load_section("tokenize", _write(tmp_path, raw))
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["tokenize"]["datasets"]["wiki_qa"]["max_seq_len"] = 64  # the window no longer holds question + stride
+    with pytest.raises(ConfigError, match=r"tokenize\.datasets\.wiki_qa\.doc_stride must be in"):
+        load_section("tokenize", _write(tmp_path, raw))
+    raw = yaml.safe_load(PARAMS.read_text())
+    del raw["tokenize"]["datasets"]["polarity"]["max_seq_len"]  # explicit: null means the global length
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        load_section("tokenize", _write(tmp_path, raw))
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["teacher_cache"]["datasets"]["wiki"]["max_rows"] = 0
+    with pytest.raises(ConfigError, match="max_rows=0 must be >= 1 or null"):
         load_section("teacher_cache", _write(tmp_path, raw))
 
 

@@ -65,7 +65,7 @@ def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, t
                                                 "files": {"train": "train.tsv", "dev": "dev.tsv",
                                                           "test": "test.tsv"},
                                                 "encoding": "utf-8", "on_bad_rows": "error", "carve": None}}
-    params["tokenize"]["datasets"]["tiny_sst2"] = {"kind": "classification"}
+    params["tokenize"]["datasets"]["tiny_sst2"] = {"kind": "classification", "max_seq_len": None}
     write_params(repo, params)
     targets = ["tokenize@tiny_sst2", "tokenize@polarity"]
     sh(repo, DVC, "repro", *targets)

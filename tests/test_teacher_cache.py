@@ -31,7 +31,8 @@ def tiny(tmp_path_factory):
 
 
 def _cfg(head="base", **sig):
-    return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train", "signals": signals(**sig)},
+    return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train",
+                                             "max_rows": None, "signals": signals(**sig)},
                  "teacher_cache.datasets.toy")
 
 
@@ -102,7 +103,7 @@ def test_bad_combinations_are_refused(tiny, tmp_path):
         build_teacher_cache("toy", tiny["mlm"], other, _cfg(), "cpu", 8, SHARD, tmp_path / "x.zarr", cpu_threads=1)
     with pytest.raises(TeacherCacheError, match="split='dev'"):
         cfg = build(TeacherCacheDatasetConfig,
-                    {"teacher": "t", "head": "base", "split": "dev", "signals": signals()}, "k")
+                    {"teacher": "t", "head": "base", "split": "dev", "max_rows": None, "signals": signals()}, "k")
         build_teacher_cache("toy", tiny["mlm"], tiny["base"], cfg, "cpu", 8, SHARD, tmp_path / "y.zarr", cpu_threads=1)
 
 
@@ -149,7 +150,8 @@ def _run(tiny, params, out, kill_at=None):
 def _params(tmp_path, **sig):
     return write_params(tmp_path / "params.yaml", {"teacher_cache": {
         "device": "cpu", "batch_size": 8, "cpu_threads": 1, "shard_rows": SHARD,
-        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "signals": signals(**sig)}}}})
+        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "max_rows": None,
+                             "signals": signals(**sig)}}}})
 
 
 def _tree(root: Path) -> list[str]:

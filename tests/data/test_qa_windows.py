@@ -63,7 +63,8 @@ def squad(tmp_path_factory):
     rows = flatten_squad(path)
     DatasetDict({"train": Dataset.from_dict(rows, features=FEATURES)}).save_to_disk(str(tmp / "prepared"))
     schema.write_meta(tmp / "prepared", {"name": "squad", "task_type": "qa"})
-    cfg = TokenizeConfig(SPEC, L, {"squad": TokenizeQAConfig("qa", doc_stride=STRIDE, max_query_len=MAX_Q)})
+    qa_cfg = TokenizeQAConfig("qa", doc_stride=STRIDE, max_query_len=MAX_Q, max_seq_len=None)
+    cfg = TokenizeConfig(SPEC, L, {"squad": qa_cfg})
     summary = tokenize_dataset("squad", tmp / "prepared", cfg, tmp / "tokens")
     out = load_from_disk(str(tmp / "tokens"))["train"]
     assert out.features["offset_mapping"] == List(List(Value("int32"), length=2))
@@ -204,4 +205,5 @@ def test_a_stride_that_leaves_no_room_is_refused_naming_the_params(tok):
         check_lengths(tok, 128, 80, 48)
     # The config already refuses it at load, naming the key.
     with pytest.raises(ConfigError, match=r"tokenize\.datasets\.wiki_qa\.doc_stride must be in"):
-        TokenizeConfig(SPEC, 128, {"wiki_qa": TokenizeQAConfig("qa", doc_stride=80, max_query_len=48)})
+        TokenizeConfig(SPEC, 128, {"wiki_qa": TokenizeQAConfig("qa", doc_stride=80, max_query_len=48,
+                                                               max_seq_len=None)})

@@ -50,13 +50,13 @@ def corpus(docs: dict[str, list[str]]) -> dict[str, list]:
 
 def mlm_cfg(max_seq_len: int = 32, **kw) -> TokenizeConfig:
     args = dict(mask_views=2, mask_prob=0.15, mask_token_fraction=0.8, random_token_fraction=0.1, seed=0) | kw
-    return TokenizeConfig(SPEC, max_seq_len, {"wiki": TokenizeMLMConfig(kind="mlm", **args)})
+    return TokenizeConfig(SPEC, max_seq_len, {"wiki": TokenizeMLMConfig(kind="mlm", max_seq_len=None, **args)})
 
 
 def cls_cfg(max_seq_len: int = 24) -> TokenizeConfig:
-    return TokenizeConfig(SPEC, max_seq_len, {"pairs": TokenizeClassificationConfig("classification"),
-                                              "sent": TokenizeClassificationConfig("classification"),
-                                              "sts": TokenizeClassificationConfig("classification")})
+    return TokenizeConfig(SPEC, max_seq_len, {"pairs": TokenizeClassificationConfig("classification", None),
+                                              "sent": TokenizeClassificationConfig("classification", None),
+                                              "sts": TokenizeClassificationConfig("classification", None)})
 
 
 @pytest.fixture(scope="module")
@@ -210,12 +210,12 @@ def test_output_replaces_a_previous_one_and_leaves_no_temp_folders(wiki, tmp_pat
 
 
 def test_kind_must_fit_the_prepared_task_type(wiki, tmp_path):
-    cfg = TokenizeConfig(SPEC, 32, {"wiki": TokenizeClassificationConfig("classification")})
+    cfg = TokenizeConfig(SPEC, 32, {"wiki": TokenizeClassificationConfig("classification", None)})
     with pytest.raises(TokenizeError, match=r"tokenize\.datasets\.wiki\.kind is 'classification'.*'corpus'.*kind: mlm"):
         tokenize_dataset("wiki", wiki, cfg, tmp_path / "o")
     qa = write_prepared(tmp_path / "qa", "regression", {"train": {"id": ["1"], "text_a": ["a"], "text_b": ["b"],
                                                                    "label": [1.0]}})
-    cfg = TokenizeConfig(SPEC, 32, {"qa": TokenizeQAConfig("qa", 8, 8)})
+    cfg = TokenizeConfig(SPEC, 32, {"qa": TokenizeQAConfig("qa", 8, 8, None)})
     with pytest.raises(TokenizeError, match=r"tokenize\.datasets\.qa\.kind is 'qa'.*needs kind: classification"):
         tokenize_dataset("qa", qa, cfg, tmp_path / "o")
     assert not (tmp_path / "o").exists()

@@ -27,7 +27,7 @@ def qa_student(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_qa")
     teacher = make_tiny_bert_dir(root / "teacher", qa=True, layers=2, heads=4)
     prepared, tokens = make_qa_tokens(root, teacher, n_test=24)
-    cache = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train",
+    cache = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train", "max_rows": None,
                                               "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                  pool=1)}, "teacher_cache.datasets.toy_qa")
     build_teacher_cache("toy_qa", tokens, teacher, cache, "cpu", 16, 32, root / "qa.zarr", cpu_threads=1)

@@ -158,7 +158,7 @@ def test_tokenize_copies_the_labeled_flag(reference, toy_qa, tmp_path):
     from distillpipe.data.tokenize import tokenize_dataset
 
     bert = make_tiny_bert_dir(tmp_path / "bert")
-    qa = {"kind": "qa", "doc_stride": 16, "max_query_len": 16}
+    qa = {"kind": "qa", "doc_stride": 16, "max_query_len": 16, "max_seq_len": None}
     cfg = build(TokenizeConfig, {"tokenizer": str(bert), "max_seq_len": 64,
                                  "datasets": {"toy_aug": qa, "toy_qa": qa}}, "tokenize")
     tokenize_dataset("toy_aug", reference[0], cfg, tmp_path / "aug_tokens")

@@ -33,7 +33,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("dask_cache")
     base = make_tiny_bert_dir(root / "base")
     tokens = make_mlm_tokens(root / "mlm", base, n_rows=100)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "train",
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "train", "max_rows": None,
                                             "signals": signals(hidden_layers=[1, 2], attn_layers=[2], pool=2)},
                 "teacher_cache.datasets.toy")
     reference = root / "reference.zarr"
@@ -114,7 +114,7 @@ def _params(tmp_path):
 
     return write_params(tmp_path / "params.yaml", {"teacher_cache": {
         "device": "cpu", "batch_size": 8, "cpu_threads": 1, "shard_rows": SHARD,
-        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train",
+        "datasets": {"toy": {"teacher": "base", "head": "base", "split": "train", "max_rows": None,
                              "signals": signals(hidden_layers=[1, 2], attn_layers=[2], pool=2)}}}})
 
 

@@ -87,7 +87,7 @@ def test_scores_match_the_full_masked_lm_forward(headless):
 
 
 def test_the_teacher_caches_mlm_topk(headless, tmp_path):
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "toy_mlm", "head": "mlm", "split": "train",
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "toy_mlm", "head": "mlm", "split": "train", "max_rows": None,
                                             "signals": signals(mlm_topk=8, hidden_layers=[], attn_layers=[], pool=1)},
                 "teacher_cache.datasets.toy_mlm")
     build_teacher_cache("toy_mlm", headless["tokens"], headless["root"] / "teacher", cfg, "cpu", 32, 64,

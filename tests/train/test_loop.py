@@ -54,7 +54,7 @@ def toy(tmp_path_factory):
     mlm_tokens = make_mlm_tokens(root / "mlm", base, n_rows=64, n_dev=16)
 
     def cfg(head, **sig):
-        return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train",
+        return build(TeacherCacheDatasetConfig, {"teacher": "t", "head": head, "split": "train", "max_rows": None,
                                                  "signals": signals(**sig)}, "teacher_cache.datasets.toy")
 
     build_teacher_cache("cls", cls_tokens, clf, cfg("classification", logits=True, hidden_layers=[], attn_layers=[],
@@ -195,6 +195,7 @@ def _unlabeled_copy(toy, root):
         meta = json.loads((aug / "meta.json").read_text())
         (aug / "meta.json").write_text(json.dumps({**meta, "name": "toy_aug", "labeled": False}))
         cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
+                                                "max_rows": None,
                                                 "signals": signals(logits=True, hidden_layers=[], attn_layers=[],
                                                                    pool=1)}, "teacher_cache.datasets.toy_aug")
         build_teacher_cache("toy_aug", aug, toy["root"] / "clf", cfg, "cpu", 16, SHARD, root / "aug.zarr",

@@ -64,13 +64,14 @@ def stsb(tmp_path_factory, shared_data):
     base = _tiny_bert_for(list(train["text_a"]) + list(train["text_b"]), root / "base")
     tokens = root / "tokens"
     tokenize_dataset("stsb", root / "prepared",
-                     TokenizeConfig(str(base), 64, {"stsb": TokenizeClassificationConfig("classification")}), tokens)
+                     TokenizeConfig(str(base), 64, {"stsb": TokenizeClassificationConfig("classification", None)}),
+                     tokens)
     tcfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=32, lr=1e-3, checkpoint_every=1000,
                                                             regression_bin_width=WIDTH), "teacher_finetune.tasks.stsb")
     teacher = finetune_teacher("stsb", base, tokens, root / "prepared", tcfg, "cpu", root / "teacher", root / "tck",
                                root / "teacher.json")
     cache_cfg = build(TeacherCacheDatasetConfig, {
-        "teacher": "stsb", "head": "classification", "split": "train",
+        "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
                     "attn_probs": False, "embeddings": False}}, "teacher_cache.datasets.stsb")
     build_teacher_cache("stsb", tokens, root / "teacher", cache_cfg, "cpu", 64, 1024, root / "stsb.zarr", cpu_threads=1)
@@ -158,7 +159,7 @@ def test_regression_needs_a_teacher_fine_tuned_on_bins(stsb, tmp_path):
     del cfg["distillpipe"]
     (teacher / "config.json").write_text(json.dumps(cfg))
     cache_cfg = build(TeacherCacheDatasetConfig, {
-        "teacher": "stsb", "head": "classification", "split": "train",
+        "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
                     "attn_probs": False, "embeddings": False}}, "teacher_cache.datasets.stsb")
     build_teacher_cache("stsb", stsb["tokens"], teacher, cache_cfg, "cpu", 64, 1024, tmp_path / "c.zarr", cpu_threads=1)

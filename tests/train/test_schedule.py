@@ -27,7 +27,7 @@ def active(weights: dict[str, float]) -> set[str]:
 
 
 OUT = {"soft", "hard", "mlm", "mlm_kd"}
-B0, B1, B2 = {"hidden/0", "attn/0"}, {"hidden/1", "attn/1"}, {"hidden/2", "attn/2"}
+B0, B1, B2 = ({f"{t}/{j}" for t in ("hidden", "attn", "attn_kl")} for j in range(3))
 
 # tau* = 10, 3 blocks, 100 steps: stages start at 0, 10, 20, 30 and the final phase at 40.
 EXPECTED_ACTIVE = {
@@ -217,9 +217,10 @@ def test_unaligned_blocks_are_not_build_stages():
     s = build_schedule(sched, blocks=aligned_blocks(obj), total_steps=100)
     assert s.final_start == 30  # 3 stages of 10 steps, not 5
     assert active(s.weights(9)) == {"embedding"}
-    assert active(s.weights(10)) == {"embedding", "hidden/1", "attn/1"}
-    assert active(s.weights(20)) == {"embedding", "hidden/1", "attn/1", "hidden/3", "attn/3"}
-    assert active(s.weights(30)) == {"embedding", "hidden/1", "attn/1", "hidden/3", "attn/3"} | OUT
+    b1, b3 = {"hidden/1", "attn/1", "attn_kl/1"}, {"hidden/3", "attn/3", "attn_kl/3"}
+    assert active(s.weights(10)) == {"embedding"} | b1
+    assert active(s.weights(20)) == {"embedding"} | b1 | b3
+    assert active(s.weights(30)) == {"embedding"} | b1 | b3 | OUT
     assert [s.phase(t) for t in (0, 10, 20, 30)] == ["build/embedding", "build/block1", "build/block3", "final"]
     # No block loss weighted: no block stages at all, whatever the map says.
     plain = ObjectiveConfig(loss_weights={"soft": 1.0}, hidden_loss="mse", layer_map=[0, 1], schedule=sched)

@@ -58,7 +58,7 @@ def test_changed_init_weights_start_over_instead_of_resuming(toy, tmp_path):
     checkpoint (it did: the resume identity held the init path, not its content)."""
     init = _init_student(toy, tmp_path / "gen", seed=0)
     params = write_params(tmp_path / "params.yaml", {"finetune": {"device": "cpu", "loader": LOADER,
-                                                                  "runs": {"ft": _run(init="gen")}}})
+                                                                  "runs": {"ft": _run(init="gen", tune="full")}}})
 
     def finetune(out, kill_at=None):
         return run_train_cli("ft", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"], out=out,

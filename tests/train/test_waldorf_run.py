@@ -21,7 +21,7 @@ def qa(tmp_path_factory):
     root = tmp_path_factory.mktemp("qa")
     teacher = make_tiny_bert_dir(root / "teacher", qa=True, layers=2, heads=4)
     prepared, tokens = make_qa_tokens(root, teacher)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train",
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "qa", "split": "train", "max_rows": None,
                                             "signals": signals(logits=True, hidden_layers=[1, 2], attn_layers=[1, 2],
                                                                pool=4)}, "teacher_cache.datasets.toy_qa")
     build_teacher_cache("toy_qa", tokens, teacher, cfg, "cpu", 16, 32, root / "qa.zarr", cpu_threads=1)

@@ -69,7 +69,7 @@ class AllAtOnceConfig:
 ScheduleConfig = SlowBuildConfig | AllAtOnceConfig
 
 
-LOSS_TERMS = ("hard", "soft", "mlm_kd", "hidden", "attn", "embedding")
+LOSS_TERMS = ("hard", "soft", "mlm_kd", "hidden", "attn", "attn_kl", "embedding")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,8 @@ class ObjectiveConfig:
     """Weight of each term in LOSS_TERMS (missing = 0): ``hard`` ground truth (task CE, QA span CE or MLM CE at
     the static masks; never on unlabeled rows), ``soft`` teacher logits with temperature (T^2 scaled), ``mlm_kd``
     top-k teacher MLM logits, ``hidden`` hidden states through one shared learned projection, ``attn`` pre-softmax
-    attention scores, ``embedding`` the embedding output through a learned projection. CMOW's
+    attention scores (MSE, WaLDORf), ``attn_kl`` attention probabilities per head and query (KL, MiniALBERT eq. 7;
+    reads the cache's ``attn_probs``), ``embedding`` the embedding output through a learned projection. CMOW's
     alpha * hard + (1 - alpha) * soft with alpha = 0.5 is ``{hard: 0.5, soft: 0.5}``."""
     hidden_loss: Literal["mse", "cosine"]
     """Distance for ``hidden`` (WaLDORf: mse; MiniALBERT: cosine)."""

@@ -82,6 +82,54 @@ class WaLDORfConfig:
 
 
 @dataclass(frozen=True)
+class MiniALBERTConfig:
+    """MiniALBERT recursive student (Nouriborji et al. 2022, sec. 3.2-3.4, Fig. 2; Table 1 gives the paper's sizes).
+
+    Factorised embeddings (vocab x ``embedding_size``, then a projection to ``d_model``, eq. 5) -> ONE BERT
+    (post-LN) transformer layer applied ``n_iterations`` times (eq. 2), optionally with per-iteration bottleneck
+    adapters before the attention and before the MLP (eqs. 3-4). Every iteration exposes its output and its
+    pre-softmax attention scores, so each can be aligned with a teacher layer (eq. 11's g(l))."""
+
+    student: Literal["minialbert"]
+    embedding_size: int
+    """Rank r of the factorised embedding matrix (paper: 128, 312, or 768 = d_model for no factorisation, in which
+    case no projection is built)."""
+    d_model: int
+    """Hidden size H of the shared layer (paper: 768, the BERT-base teacher's width)."""
+    n_heads: int
+    """Attention heads; the attention KL (eq. 7) needs as many as the teacher has (BERT-base: 12)."""
+    d_ff: int
+    """Feed-forward size inside the shared layer (paper: 3072)."""
+    n_iterations: int
+    """Times the one layer is applied (the paper's L in eq. 11: 6 for a 12-layer teacher)."""
+    adapter_size: int
+    """Bottleneck width of each adapter (paper: d_model / 16 = 48); 0 = no adapters (Table 1's rows without)."""
+    max_position_embeddings: int
+    """Rows of the position embedding: the longest input the student reads. Explicit (not the tokens' length) so
+    that a student general-distilled on short blocks can be fine-tuned on longer pairs; longer inputs are refused."""
+    dropout: float
+    """Dropout on embeddings, attention probabilities and residual branches (BERT/ALBERT: 0.1)."""
+    init_std: float
+    """Weights of linear and embedding layers start as N(0, init_std^2) (BERT: 0.02)."""
+
+    def __post_init__(self) -> None:
+        sizes = {"embedding_size": self.embedding_size, "d_model": self.d_model, "n_heads": self.n_heads,
+                 "d_ff": self.d_ff, "n_iterations": self.n_iterations,
+                 "max_position_embeddings": self.max_position_embeddings}
+        small = [k for k, v in sizes.items() if v < 1]
+        if small:
+            raise ConfigError(f"minialbert: {small} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"minialbert: d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                              f"(each head gets d_model / n_heads dimensions)")
+        if self.adapter_size < 0:
+            raise ConfigError(f"minialbert: adapter_size={self.adapter_size} must be >= 0 (0 = no adapters)")
+        if not 0 <= self.dropout < 1 or self.init_std <= 0:
+            raise ConfigError(f"minialbert: need dropout in [0, 1) and init_std > 0 (got {self.dropout}, "
+                              f"{self.init_std})")
+
+
+@dataclass(frozen=True)
 class HeadConfig:
     """The task head put on a student's encoding (CMOW paper, supplement A)."""
 
@@ -98,4 +146,4 @@ class HeadConfig:
             raise ConfigError("head: need hidden_size >= 1 and dropout in [0, 1)")
 
 
-StudentConfig = CMOWHybridConfig | WaLDORfConfig
+StudentConfig = CMOWHybridConfig | WaLDORfConfig | MiniALBERTConfig

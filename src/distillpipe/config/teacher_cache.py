@@ -25,9 +25,10 @@ class SignalsConfig:
     pool: int
     """Pooling factor p (WaLDORf eqs. 3 and 5: 4); 1 = unpooled (MiniALBERT)."""
     attn_probs: bool
-    """Unpooled attention probabilities of ``attn_layers`` (MiniALBERT attention KL). Refused for now: no
-    student loss reads them yet (``losses.attn_kl`` is wired with the MiniALBERT student), and they cost
-    H x L^2 x 2 bytes a row and layer (4.7 MB at BERT-Large size, L 384)."""
+    """How ``attn_layers`` are kept: false = pre-softmax scores max-pooled ``pool`` x ``pool`` (``attn_scores/L{j}``,
+    the WaLDORf attention MSE); true = unpooled attention probabilities instead (``attn_probs/L{j}``, the MiniALBERT
+    attention KL, loss term ``attn_kl``). They cost H x L^2 x 2 bytes a row and layer (MiniLM at L 64: 98 KB;
+    BERT-base at L 256: 1.6 MB; BERT-Large at L 384: 4.7 MB): size rows, length and layers with care."""
     embeddings: bool
     """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): large."""
 
@@ -38,12 +39,9 @@ class SignalsConfig:
             layers = getattr(self, name)
             if any(j < low for j in layers) or layers != sorted(set(layers)):
                 raise ConfigError(f"{name}={layers}: layers are increasing and numbered from {low}")
-        if self.attn_probs:
-            raise ConfigError(
-                "attn_probs: true caches unpooled attention probabilities (H x L^2 x 2 bytes a row and layer) that "
-                "no student loss reads yet; set attn_probs: false (the pooled attn_layers scores feed the "
-                "WaLDORf attention loss)"
-            )
+        if self.attn_probs and not self.attn_layers:
+            raise ConfigError("attn_probs: true keeps the attention probabilities of attn_layers, which is empty: "
+                              "list the teacher layers the attention KL aligns with (objective.layer_map)")
         if not (self.logits or self.mlm_topk or self.hidden_layers or self.attn_layers or self.embeddings):
             raise ConfigError("no signal selected: the cache would be empty")
 
@@ -56,6 +54,10 @@ class TeacherCacheDatasetConfig:
     """Which model head to load: ``base`` for hidden/attention only."""
     split: str
     """The tokens split to cache (students train on it)."""
+    max_rows: int | None
+    """Cache only this many rows of the split, evenly spaced over it (rows ``round(i * (N - 1) / (max_rows - 1))``;
+    the store's ``row_index`` names them, and students train on exactly them); null = every row. Sizes a cache of
+    big signals (attention probabilities) to a disk and time budget."""
     signals: SignalsConfig
 
     def __post_init__(self) -> None:
@@ -63,6 +65,8 @@ class TeacherCacheDatasetConfig:
             raise ConfigError(f"signals.logits needs head classification or qa (head is {self.head})")
         if self.signals.mlm_topk and self.head != "mlm":
             raise ConfigError(f"signals.mlm_topk needs head mlm (head is {self.head})")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"max_rows={self.max_rows} must be >= 1 or null (every row)")
 
 
 @dataclass(frozen=True)

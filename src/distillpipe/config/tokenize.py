@@ -22,6 +22,8 @@ class TokenizeMLMConfig:
     random_token_fraction: float
     """Of selected tokens, fraction replaced by a random token (BERT: 0.1); the rest stay unchanged."""
     seed: int
+    max_seq_len: int | None
+    """Tokens per row for this dataset; null = ``tokenize.max_seq_len`` (the global length)."""
 
     def __post_init__(self) -> None:
         if self.seed < 0:
@@ -40,6 +42,8 @@ class TokenizeClassificationConfig:
     """Single-sentence / sentence-pair tasks: joint BERT encoding and separate A / B encodings."""
 
     kind: Literal["classification"]
+    max_seq_len: int | None
+    """Tokens per row for this dataset; null = ``tokenize.max_seq_len`` (the global length)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class TokenizeQAConfig:
     """Tokens of overlap between consecutive context windows."""
     max_query_len: int
     """Questions longer than this are truncated (and counted)."""
+    max_seq_len: int | None
+    """Tokens per row for this dataset; null = ``tokenize.max_seq_len`` (the global length)."""
 
 
 TokenizeDatasetConfig = Union[TokenizeMLMConfig, TokenizeClassificationConfig, TokenizeQAConfig]
@@ -61,13 +67,22 @@ class TokenizeConfig:
     tokenizer: str
     """Teacher tokenizer: ``embedded:minilm-l6``, a local directory, or a hub model name."""
     max_seq_len: int
+    """Tokens per row of every dataset whose own ``max_seq_len`` is null."""
     datasets: dict[str, TokenizeDatasetConfig]
+
+    def seq_len(self, name: str) -> int:
+        """The row length of dataset ``name``: its own ``max_seq_len``, else the global one."""
+        own = self.datasets[name].max_seq_len
+        return self.max_seq_len if own is None else own
 
     def __post_init__(self) -> None:
         if self.max_seq_len < 8:
             raise ConfigError(f"tokenize.max_seq_len={self.max_seq_len} is too small (>= 8)")
         for name, ds in self.datasets.items():
-            if isinstance(ds, TokenizeQAConfig) and not 0 < ds.doc_stride < self.max_seq_len - ds.max_query_len - 3:
+            if ds.max_seq_len is not None and ds.max_seq_len < 8:
+                raise ConfigError(f"tokenize.datasets.{name}.max_seq_len={ds.max_seq_len} is too small (>= 8; "
+                                  "null = the global tokenize.max_seq_len)")
+            if isinstance(ds, TokenizeQAConfig) and not 0 < ds.doc_stride < self.seq_len(name) - ds.max_query_len - 3:
                 raise ConfigError(f"tokenize.datasets.{name}.doc_stride must be in "
                                   "(0, max_seq_len - max_query_len - 3): "
                                   "a window must hold the question, 3 special tokens and more context than the stride")

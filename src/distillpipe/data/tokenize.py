@@ -124,7 +124,9 @@ def tokenizer_meta(tok: Any, spec: str, sha256: str) -> dict[str, Any]:
 
 def dataset_params(cfg: TokenizeConfig, name: str) -> dict[str, Any]:
     """What decides the tokens of ``name`` besides the input and the tokenizer: its config + max_seq_len."""
-    return {**dataclasses.asdict(cfg.datasets[name]), "max_seq_len": cfg.max_seq_len}
+    # the effective length under the same key: a dataset on the global length keeps the params it had before
+    # datasets could set their own
+    return {**dataclasses.asdict(cfg.datasets[name]), "max_seq_len": cfg.seq_len(name)}
 
 
 def tokens_fingerprint(tokens_dir: str | Path) -> str:
@@ -173,7 +175,7 @@ def tokenize_dataset(name: str, prepared_dir: Path, cfg: TokenizeConfig, out_dir
     tok, model_dir = load_tokenizer(cfg.tokenizer)
     tok_sha = tokenizer_sha256(model_dir)
     params = dataset_params(cfg, name)
-    writer = _SplitWriter(name, dcfg, task_type, meta_in, tok, cfg.max_seq_len, batch_size)
+    writer = _SplitWriter(name, dcfg, task_type, meta_in, tok, cfg.seq_len(name), batch_size)
 
     tmp = out_dir.parent / f".{out_dir.name}.tmp"
     if tmp.exists():
@@ -185,7 +187,7 @@ def tokenize_dataset(name: str, prepared_dir: Path, cfg: TokenizeConfig, out_dir
                 "num_labels": meta_in.get("num_labels"), "label_names": meta_in.get("label_names"),
                 # False for generated rows without ground truth (augment): students use teacher losses only
                 "labeled": schema.is_labeled(meta_in),
-                "tokenizer": tokenizer_meta(tok, cfg.tokenizer, tok_sha), "max_seq_len": cfg.max_seq_len,
+                "tokenizer": tokenizer_meta(tok, cfg.tokenizer, tok_sha), "max_seq_len": cfg.seq_len(name),
                 "params": params, "summary": summary.to_meta()}
         schema.write_meta(tmp / "out", meta)
         meta["fingerprint"] = tokens_fingerprint(tmp / "out")

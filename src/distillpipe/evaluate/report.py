@@ -10,6 +10,7 @@ Input: one metrics dict per run, as the ``evaluate`` stage writes them (one JSON
      "speed": {"device", "batch_size", "seq_len", "student_sentences_per_s",
                "teacher_sentences_per_s", "speedup"} | None,
      "teacher": {"name", "dev", "test" | None, "params"} | None,
+     "train": {"steps", "best_step", "init", "trainable_params"} (optional),
      "predictions": {"student": {split: [record]}, "teacher": {"name", split: [record]}} | None}
 
 and a list of :class:`TableSpec` (paper-style tables naming runs in order, with the paper's numbers and
@@ -105,6 +106,8 @@ class _Row:
     device: str
     records: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """Per-example records by split (those the report can draw intervals from)."""
+    trainable: int | None = None
+    """Parameters the run trained (``tune: adapters`` / ``head`` train fewer than ``params``); None: not recorded."""
 
     def scores(self, split: str) -> Mapping[str, float] | None:
         return self.dev if split == "dev" else self.test
@@ -276,6 +279,7 @@ def _run_row(r: Mapping[str, Any]) -> _Row:
         speedup=speedup if _finite(speedup) else None,
         device=str(speed.get("device", NA)),
         records=_records(r.get("predictions"), "student"),
+        trainable=(r.get("train") or {}).get("trainable_params"),
     )
 
 
@@ -374,13 +378,13 @@ def _spec_table(spec: TableSpec, by_run: Mapping[str, _Row], scorer: _Scorer) ->
     header = ["Run", "Model", "Dataset", "Metric", "Dev", "Test"]
     if spec.paper is not None:
         header.append("Paper")
-    header += ["Params (M)", "w/o emb. (M)", "Sent./s", "Speed-up"]
+    header += ["Params (M)", "w/o emb. (M)", "Trainable (M)", "Sent./s", "Speed-up"]
     body = []
     for name in spec.runs:
         paper = [spec.paper.get(name, "")] if spec.paper is not None else []
         row = by_run.get(name)
         if row is None:
-            body.append([name, "", "", spec.metric or "", NOT_RUN, NOT_RUN, *paper, "", "", "", ""])
+            body.append([name, "", "", spec.metric or "", NOT_RUN, NOT_RUN, *paper, "", "", "", "", ""])
             continue
         m = spec.metric or row.primary_metric
         body.append(
@@ -393,6 +397,7 @@ def _spec_table(spec: TableSpec, by_run: Mapping[str, _Row], scorer: _Scorer) ->
                 scorer.cell(row, "test", m),
                 *paper,
                 *_params(row),
+                _millions(row.trainable),
                 _rate(row.sentences_per_s),
                 _speedup(row.speedup),
             ]

@@ -88,7 +88,7 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         "params": count_parameters(model),
         "teacher": {"name": run.teacher, "dev": teacher_scores.get("dev"), "test": teacher_scores.get("test"),
                     "params": count_parameters(teacher)},
-        "train": {k: record.get(k) for k in ("steps", "best_step", "init")},
+        "train": {k: record.get(k) for k in ("steps", "best_step", "init", "trainable_params")},
     }
     _write_json(out_path, result, indent=2)
     _write_json(predictions_path, {

@@ -7,6 +7,7 @@ format_version         layout/semantics version of the store (:data:`FORMAT_VERS
 teacher                {name, weights_sha256, tokenizer_sha256, config (JSON object)}
 tokens_fingerprint     content digest of the tokens dataset the rows come from
 split                  the tokens split whose rows are cached (``train``)
+row_subset             only when a subset of the split is cached: {max_rows, rule}; ``row_index`` names the rows
 signals                the :class:`~distillpipe.store.schema.SignalSpec` as a dict
 compute                how the values were computed: {precision, batch_size}; a resumed build must not
                        mix bf16-on-GPU shards with fp32-on-CPU ones, nor batchings (padding and kernel
@@ -91,6 +92,9 @@ class Manifest:
     n_rows: int
     shard_rows: int
     completed_shards: tuple[int, ...] = ()
+    row_subset: Mapping[str, Any] | None = None
+    """{"max_rows": k, "rule": "evenly_spaced"} when only k rows of the split are cached; None: every row. Left out
+    of the dict when None, so stores of every row keep the identity they had before the field existed."""
     format_version: int = FORMAT_VERSION
     code_version: str = field(default=distillpipe.__version__)
 
@@ -128,6 +132,7 @@ class Manifest:
             "teacher": self.teacher.to_dict(),
             "tokens_fingerprint": self.tokens_fingerprint,
             "split": self.split,
+            **({"row_subset": dict(self.row_subset)} if self.row_subset is not None else {}),
             "signals": self.signals.to_dict(),
             "compute": dict(self.compute),
             "code": dict(self.code),
@@ -145,7 +150,7 @@ class Manifest:
     def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
         names = {"format_version", "teacher", "tokens_fingerprint", "split", "signals", "compute", "code",
                  "code_version", "n_rows", "shard_rows", "completed_shards"}  # fmt: skip
-        unknown, missing = sorted(set(d) - names), sorted(names - set(d))
+        unknown, missing = sorted(set(d) - names - {"row_subset"}), sorted(names - set(d))
         if unknown or missing:
             raise ValueError(f"manifest: unknown keys {unknown}, missing keys {missing}")
         return cls(
@@ -158,6 +163,7 @@ class Manifest:
             n_rows=int(d["n_rows"]),
             shard_rows=int(d["shard_rows"]),
             completed_shards=tuple(d["completed_shards"]),
+            row_subset=d.get("row_subset"),
             format_version=int(d["format_version"]),
             code_version=str(d["code_version"]),
         )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
@@ -98,6 +99,8 @@ class ShardJob:
     pad_id: int
     code: dict[str, str]
     """The driver's producer code: a worker with other code refuses to compute."""
+    max_rows: int | None = None
+    """Cache only these evenly spaced rows of the split (:func:`row_subset`); None: every row."""
     n_rows: int = 0
     shard_rows: int = 1
     spec: SignalSpec | None = None
@@ -127,6 +130,8 @@ class _Loaded:
     facts: TeacherFacts
     lock: threading.Lock
     """One capture at a time per teacher: capture hooks the model, so threads must not share it at once."""
+    subset: Any = None
+    """The cached rows of the split when ``max_rows`` is set (``rows`` holds only them); None: every row."""
 
 
 _LOADED: _Loaded | None = None
@@ -139,7 +144,8 @@ def _loaded(job: ShardJob) -> _Loaded:
     global _LOADED
     from datasets import load_from_disk
 
-    key = (job.teacher_dir, job.head, job.device, job.tokens_dir, job.split, job.batch_size, job.cpu_threads)
+    key = (job.teacher_dir, job.head, job.device, job.tokens_dir, job.split, job.max_rows, job.batch_size,
+           job.cpu_threads)
     with _LOADED_LOCK:
         if _LOADED is None or _LOADED.key != key:
             _LOADED = None  # free the previous teacher before loading the next one
@@ -156,7 +162,10 @@ def _loaded(job: ShardJob) -> _Loaded:
                                  compute=compute_settings(model, job.batch_size, job.cpu_threads),
                                  device=str(next(model.parameters()).device))
             rows = load_from_disk(job.tokens_dir)[job.split]
-            _LOADED = _Loaded(key, model, rows, facts, threading.Lock())
+            subset = row_subset(len(rows), job.max_rows)
+            if subset is not None:
+                rows = rows.select(subset)
+            _LOADED = _Loaded(key, model, rows, facts, threading.Lock(), subset)
         return _LOADED
 
 
@@ -174,7 +183,20 @@ def compute_job_shard(job: ShardJob, i: int) -> dict[str, Any]:
                                 "type and batch size")
     start, stop = i * job.shard_rows, min(job.n_rows, (i + 1) * job.shard_rows)
     with state.lock, torch_threads(job.compute["cpu_threads"]):
-        return compute_shard(state.model, state.rows, start, stop, job.spec, job.batch_size, job.pad_id)
+        arrays = compute_shard(state.model, state.rows, start, stop, job.spec, job.batch_size, job.pad_id)
+    if state.subset is not None:  # positions in the subset -> rows of the tokens split
+        arrays["row_index"] = state.subset[arrays["row_index"]]
+    return arrays
+
+
+def row_subset(n: int, max_rows: int | None) -> np.ndarray | None:
+    """The rows of an n-row split that a cache of at most ``max_rows`` rows keeps: evenly spaced from the first to
+    the last (spread over every article of a corpus packed in article order), sorted; None when all n are kept."""
+    if max_rows is None or max_rows >= n:
+        return None
+    if max_rows == 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.round(np.arange(max_rows) * ((n - 1) / (max_rows - 1))).astype(np.int64)
 
 
 def cache_shard(job: ShardJob, i: int) -> dict[str, Any]:
@@ -204,7 +226,8 @@ def signal_spec(cfg: TeacherCacheDatasetConfig, facts: TeacherFacts, tokens_meta
         n_classes=facts.num_labels if task == "classification" else 0,
         vocab_size=facts.vocab_size, mlm_topk=s.mlm_topk, mlm_max_masked=max_masked,
         hidden_layers=tuple(s.hidden_layers), hidden_size=facts.hidden_size,
-        attn_layers=tuple(s.attn_layers), n_heads=facts.n_heads,
+        # attn_probs: the attention layers are kept as unpooled probabilities INSTEAD of pooled scores
+        attn_layers=() if s.attn_probs else tuple(s.attn_layers), n_heads=facts.n_heads,
         attn_probs_layers=tuple(s.attn_layers) if s.attn_probs else (),
         embedding_size=facts.hidden_size if s.embeddings else 0,
     )
@@ -242,6 +265,10 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
         raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: "
                                 f"{tokens_dir} has splits {list(data)}")
     rows = data[cfg.split]
+    subset = row_subset(len(rows), cfg.max_rows)
+    if subset is not None:
+        log.info("caching %d evenly spaced rows of %d (max_rows)", len(subset), len(rows))
+        rows = rows.select(subset)
     tok_sha = tokenizer_sha256(teacher_dir)
     if tok_sha != meta["tokenizer"]["sha256"]:
         raise TeacherCacheError(
@@ -249,7 +276,8 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             f"{teacher_dir} uses; set tokenize.tokenizer to this teacher and re-run tokenize")
     job = ShardJob(store=str(out.resolve()), tokens_dir=str(tokens_dir.resolve()), split=cfg.split,
                    teacher_dir=str(teacher_dir.resolve()), head=cfg.head, device=device, batch_size=batch_size,
-                   cpu_threads=cpu_threads, pad_id=int(meta["tokenizer"]["pad_id"]), code=producer_code())
+                   cpu_threads=cpu_threads, pad_id=int(meta["tokenizer"]["pad_id"]), code=producer_code(),
+                   max_rows=cfg.max_rows if subset is not None else None)
     inprocess = cluster is None or cluster.kind == "inprocess"
     with nullcontext() if inprocess else open_client(cluster) as client:
         facts = teacher_facts(job) if inprocess else client.submit(teacher_facts, job, pure=False).result()
@@ -258,7 +286,8 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             teacher=TeacherInfo(name=teacher_dir.name, weights_sha256=weights_sha256(teacher_dir),
                                 tokenizer_sha256=tok_sha, config=facts.config),
             tokens_fingerprint=meta["fingerprint"], split=cfg.split, signals=spec, compute=facts.compute,
-            code=job.code, n_rows=len(rows), shard_rows=shard_rows)
+            code=job.code, n_rows=len(rows), shard_rows=shard_rows,
+            row_subset=None if subset is None else {"max_rows": len(subset), "rule": "evenly_spaced"})
         job = replace(job, n_rows=len(rows), shard_rows=shard_rows, spec=spec, compute=facts.compute)
         with create_or_resume(out, manifest) as writer:
             pending = writer.pending_shards()

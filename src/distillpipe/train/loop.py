@@ -435,12 +435,12 @@ def finish(r: TrainingRun, *, out_dir: str | Path, metrics_path: str | Path, plo
     if r.group.main:
         if r.best_state is not None:
             r.student.load_state_dict(r.best_state)
+        counts = [(p.numel(), p.requires_grad) for p in r.student.parameters()]
         record = {"name": r.name, "dataset": r.meta["name"], "kind": r.task.kind, "metric": r.metric, "steps": r.step,
                   "best_step": r.best_step, "dev": r.best, "init": str(init_dir) if init_dir else None,
                   "tokens_fingerprint": r.meta["fingerprint"], "tokenizer_sha256": r.meta["tokenizer"]["sha256"],
-                  "note": r.run.note}
+                  "note": r.run.note, "trainable_params": sum(n for n, grad in counts if grad)}
         save_student(out_dir, r.student, r.model_cfg, r.task, record)
-        counts = [(p.numel(), p.requires_grad) for p in r.student.parameters()]
         _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
                                    "dev": r.best, "stopped_early": r.stopped_early,
                                    "params": sum(n for n, _ in counts),

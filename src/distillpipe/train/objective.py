@@ -6,8 +6,9 @@ projection W_h shared by every aligned layer, eq. (2); W_E for the embeddings, e
 saved in checkpoints but are not part of the student.
 
 Term names: ``hard``, ``soft``, ``mlm_kd``, ``embedding``, and per aligned student layer j
-``hidden/<j>`` and ``attn/<j>``. The effective weight of a term is ``loss_weights[base]`` times the
-schedule's multiplier for the term's full name (WaLDORf eq. (9) switches terms on one by one).
+``hidden/<j>``, ``attn/<j>`` (WaLDORf score MSE) and ``attn_kl/<j>`` (MiniALBERT attention KL, eq. 7). The
+effective weight of a term is ``loss_weights[base]`` times the schedule's multiplier for the term's full name
+(WaLDORf eq. (9) switches terms on one by one).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def probe_student(model: nn.Module, batch: dict[str, torch.Tensor]) -> StudentDi
                        embedding=0 if out.embeddings is None else out.embeddings.shape[-1])
 
 
+LAYER_TERMS = ("hidden", "attn", "attn_kl")
+"""Terms computed per aligned student layer (``layer_map``)."""
+
+
 def _weight(cfg: ObjectiveConfig, term: str) -> float:
     return float(cfg.loss_weights.get(term, 0.0))
 
@@ -61,7 +66,7 @@ def _weight(cfg: ObjectiveConfig, term: str) -> float:
 def aligned_blocks(cfg: ObjectiveConfig) -> list[int]:
     """The student blocks that carry block losses (eqs. (2), (4)): those ``layer_map`` aligns with a
     teacher layer, when a hidden or attention weight is set. The slow build has one stage per entry."""
-    if not (_weight(cfg, "hidden") or _weight(cfg, "attn")):
+    if not any(_weight(cfg, t) for t in LAYER_TERMS):
         return []
     return [j for j, t in enumerate(cfg.layer_map) if t >= 0]
 
@@ -78,6 +83,8 @@ def store_names(cfg: ObjectiveConfig, kind: str, signals: SignalSpec) -> list[st
         names += [f"hidden/L{t}" for t in aligned]
     if _weight(cfg, "attn"):
         names += [f"attn_scores/L{t}" for t in aligned]
+    if _weight(cfg, "attn_kl"):
+        names += [f"attn_probs/L{t}" for t in aligned]
     if _weight(cfg, "embedding"):
         names += ["embeddings"]
     return list(dict.fromkeys(names))
@@ -92,7 +99,7 @@ class Objective(nn.Module):
         if kind != "mlm" and _weight(cfg, "mlm_kd"):
             raise ObjectiveError("loss_weights.mlm_kd needs an MLM corpus")
         self.layers = [(j, t) for j, t in enumerate(cfg.layer_map) if t >= 0]
-        needs_layers = bool(_weight(cfg, "hidden") or _weight(cfg, "attn"))
+        needs_layers = any(_weight(cfg, t) for t in LAYER_TERMS)
         self.needs_hidden = needs_layers
         if needs_layers and len(cfg.layer_map) != len(dims.hidden):
             raise ObjectiveError(f"objective.layer_map has {len(cfg.layer_map)} entries but the student exposes "
@@ -115,6 +122,22 @@ class Objective(nn.Module):
             if bad:
                 raise ObjectiveError(f"attention-score loss needs as many student heads as teacher heads "
                                      f"({signals.n_heads}); the student has {sorted(bad)}: set n_heads")
+        if _weight(cfg, "attn_kl"):
+            if not dims.attn_heads:
+                raise ObjectiveError("loss_weights.attn_kl is set but this student exposes no attention scores")
+            if dims.hidden_stride != 1:
+                raise ObjectiveError(f"loss_weights.attn_kl compares token-level attention maps (the cache's unpooled "
+                                     f"attn_probs); this student's layers have stride {dims.hidden_stride}")
+            bad = {dims.attn_heads[j] for j, _ in self.layers} - {signals.n_heads}
+            if bad:
+                raise ObjectiveError(f"attention KL needs as many student heads as teacher heads "
+                                     f"({signals.n_heads}); the student has {sorted(bad)}: set n_heads")
+            missing = [t for _, t in self.layers if t not in signals.attn_probs_layers]
+            if missing:
+                raise ObjectiveError(f"loss_weights.attn_kl reads the teacher's attention probabilities of layers "
+                                     f"{missing}, which the cache lacks (it has attn_probs of "
+                                     f"{list(signals.attn_probs_layers)}): list them in teacher_cache signals "
+                                     "attn_layers with attn_probs: true")
         self.embed_proj = None
         if _weight(cfg, "embedding"):
             if not dims.embedding:
@@ -124,7 +147,7 @@ class Objective(nn.Module):
     def terms(self) -> list[str]:
         """Full names of the terms with a non-zero weight (what the schedule is asked about)."""
         out = [t for t in ("hard", "soft", "mlm_kd", "embedding") if _weight(self.cfg, t)]
-        for base in ("hidden", "attn"):
+        for base in LAYER_TERMS:
             if _weight(self.cfg, base):
                 out += [f"{base}/{j}" for j, _ in self.layers]
         return out
@@ -188,5 +211,7 @@ class Objective(nn.Module):
             target = tg[f"hidden/L{t_layer}"]
             fn = losses.hidden_mse if self.cfg.hidden_loss == "mse" else losses.hidden_cosine
             return fn(self.hidden_proj(h), target, valid)
+        if base == "attn_kl":  # MiniALBERT eq. (7): token level, per head, KL(teacher || student)
+            return losses.attn_kl(out.attn_scores[j], tg[f"attn_probs/L{t_layer}"], mask)
         scores = losses.pool_student_scores(out.attn_scores[j], s_mask, f)  # (B, H, ceil(T/p), ceil(T/p))
         return losses.attn_score_mse(scores, tg[f"attn_scores/L{t_layer}"], valid)

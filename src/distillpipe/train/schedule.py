@@ -3,7 +3,8 @@
 At step ``step`` (0-based) of ``total_steps`` a :class:`Schedule` gives
 
 * ``weights(step)``: the multiplier of every loss term (the objective multiplies ``loss_weights[base]``
-  by it). Term names: ``embedding``; ``hidden/<j>`` and ``attn/<j>`` for student block j (0-based);
+  by it). Term names: ``embedding``; ``hidden/<j>``, ``attn/<j>`` and ``attn_kl/<j>`` for student block j
+  (0-based);
   ``soft`` (teacher-logit KD) and ``hard`` (ground truth); ``mlm`` and ``mlm_kd`` (MLM runs);
 * ``temperature(step)``: the KD temperature;
 * ``lr_factor(step)``: the factor on the peak learning rate;
@@ -33,9 +34,9 @@ OUTPUT_TERMS = ("soft", "hard", "mlm", "mlm_kd")
 """Terms on the student's outputs; the slow build adds them in its final phase (eq. (8): chi_n)."""
 
 
-def block_terms(j: int) -> tuple[str, str]:
-    """The two loss terms of student block j (eqs. (2) and (4))."""
-    return f"hidden/{j}", f"attn/{j}"
+def block_terms(j: int) -> tuple[str, str, str]:
+    """The loss terms of student block j: WaLDORf eqs. (2) and (4), MiniALBERT's attention KL (eq. 7)."""
+    return f"hidden/{j}", f"attn/{j}", f"attn_kl/{j}"
 
 
 def all_terms(blocks: Sequence[int]) -> list[str]:
