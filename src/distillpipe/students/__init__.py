@@ -17,14 +17,16 @@ from typing import Any
 import torch
 
 from distillpipe.config.base import build
-from distillpipe.config.students import CMOWHybridConfig, HeadConfig, WaLDORfConfig
+from distillpipe.config.students import CMOWHybridConfig, ElmoConfig, HeadConfig, WaLDORfConfig
 from distillpipe.students.base import StudentOutput, TaskSpec
 from distillpipe.students.cmow_hybrid import CMOWHybrid
+from distillpipe.students.elmo import Elmo
 from distillpipe.students.waldorf import WaLDORf
 
 STUDENTS: dict[str, tuple[type, type[torch.nn.Module]]] = {
     "cmow_hybrid": (CMOWHybridConfig, CMOWHybrid),
     "waldorf": (WaLDORfConfig, WaLDORf),
+    "elmo": (ElmoConfig, Elmo),
 }
 
 WEIGHTS_FILE = "model.pt"
