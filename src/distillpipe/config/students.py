@@ -109,7 +109,9 @@ class ElmoConfig:
     dropout: float
     """Dropout on the inputs and on each layer's output (ELMo: 0.1)."""
     init_std: float
-    """Linear output layers start as N(0, init_std^2); LSTMs keep PyTorch's uniform initialisation."""
+    """The continuous and subword output layers start as N(0, init_std^2). LSTMs and the adaptive softmax keep
+    PyTorch's initialisation (its tail clusters are two stacked projections: both at N(0, 0.02^2) they start
+    near zero and learn slowly)."""
 
     def __post_init__(self) -> None:
         if min(self.d_input, self.d_hidden, self.d_proj, self.n_layers) < 1:

@@ -4,7 +4,8 @@ over a fixed word-vector input layer, differing only in the output layer.
     input       x_t = V[id_t]: the frozen word-vector table (buffer ``input_vectors``, FastText in the paper)
     encoder     per direction, n_layers x (LSTM with projection -> LayerNorm -> dropout), a residual connection
                 from the second layer on (ELMo); the backward LM runs the same way over each row reversed
-    output      shared by both directions (ELMo shares its softmax):
+    output      shared by both directions (ELMo shares its softmax), under ``mlm_head`` (the loop's name for a
+                pretraining output layer: a fine-tune copies everything but it and ``head``):
                 continuous  Linear(d_proj, e), cosine distance to V[target] (eq. 2)          ELMo-C
                 adaptive    nn.AdaptiveLogSoftmaxWithLoss(d_proj, V, cutoffs)               ELMo-A
                 subword     Linear(d_proj, V), full softmax over the tokenizer's vocabulary   ELMo-Sub
@@ -119,20 +120,18 @@ class Elmo(nn.Module):
         self.bw = _Direction(cfg)
         if task.kind == "mlm":
             if cfg.output == "continuous":
-                self.lm_out = nn.Linear(cfg.d_proj, cfg.d_input)  # footnote 2: project to the embedding size
+                self.mlm_head = nn.Linear(cfg.d_proj, cfg.d_input)  # footnote 2: project to the embedding size
             elif cfg.output == "subword":
-                self.lm_out = nn.Linear(cfg.d_proj, V)
+                self.mlm_head = nn.Linear(cfg.d_proj, V)
             else:
                 if cfg.adaptive_cutoffs[-1] >= V:
                     raise ValueError(f"elmo: adaptive_cutoffs {cfg.adaptive_cutoffs} must be < the vocabulary "
                                      f"size {V}")
-                self.lm_out = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_proj, V, cfg.adaptive_cutoffs,
+                self.mlm_head = nn.AdaptiveLogSoftmaxWithLoss(cfg.d_proj, V, cfg.adaptive_cutoffs,
                                                             div_value=cfg.adaptive_div_value)
-            for m in self.lm_out.modules():
-                if isinstance(m, nn.Linear):
-                    nn.init.normal_(m.weight, std=cfg.init_std)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
+            if isinstance(self.mlm_head, nn.Linear):  # the adaptive softmax keeps torch's init (see ElmoConfig)
+                nn.init.normal_(self.mlm_head.weight, std=cfg.init_std)
+                nn.init.zeros_(self.mlm_head.bias)
         else:
             self.head = ElmoHead(cfg, task)
 
@@ -182,12 +181,12 @@ class Elmo(nn.Module):
         target_ids = torch.cat([ids[:, 1:][tgt[:, 1:]], ids[:, :-1][tgt[:, :-1]]])  # (N,)
         out = LMOutput(target_ids=target_ids)
         if self.cfg.output == "continuous":
-            out.vectors = self.lm_out(states)  # (N, e)
+            out.vectors = self.mlm_head(states)  # (N, e)
             out.target_vectors = self.input_vectors[target_ids]  # (N, e), fixed
         elif self.cfg.output == "subword":
-            out.logprob = torch.log_softmax(self.lm_out(states).float(), dim=-1).gather(1, target_ids[:, None])[:, 0]
+            out.logprob = torch.log_softmax(self.mlm_head(states).float(), dim=-1).gather(1, target_ids[:, None])[:, 0]
         else:
-            out.logprob = self.lm_out(states, target_ids).output  # (N,)
+            out.logprob = self.mlm_head(states, target_ids).output  # (N,)
         if not self.training:
             out.top1 = self._top1(states, out.vectors)
         return out
@@ -205,7 +204,7 @@ class Elmo(nn.Module):
                 scores = F.normalize(vectors[i:i + TOP1_CHUNK].float(), dim=-1) @ table.T  # (n, V)
                 parts.append(scores.masked_fill(~allowed, -2.0).argmax(-1))
             elif self.cfg.output == "subword":
-                parts.append(self.lm_out(s).argmax(-1))
+                parts.append(self.mlm_head(s).argmax(-1))
             else:
-                parts.append(self.lm_out.predict(s))
+                parts.append(self.mlm_head.predict(s))
         return torch.cat(parts) if parts else states.new_zeros(0, dtype=torch.long)
