@@ -15,8 +15,9 @@ Batch keys (all on the model's device):
     (what a causal language model reads and predicts; an MLM student must not read it)
 
 Parameter naming (the loop relies on it): the task head lives under the attribute ``head`` and the
-MLM head (any pretraining output layer, e.g. a language model's) under ``mlm_head``; everything else is the encoder. Bottleneck adapters (MiniALBERT) live in
-modules whose attribute name starts with ``adapter``: adapter tuning trains exactly those and the head.
+MLM head (any pretraining output layer, e.g. a language model's) under ``mlm_head``; everything else is
+the encoder. Bottleneck adapters (MiniALBERT) live in modules whose attribute name starts with ``adapter``:
+adapter tuning trains exactly those and the head.
 Initialising a task student from a general-distilled one copies every encoder tensor and refuses any
 other mismatch.
 
