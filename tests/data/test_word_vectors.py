@@ -16,7 +16,8 @@ from distillpipe.data.word_vectors import WordVectorsError, load_table
 
 WORDS = ["the", "cat", "cats", "sat", "walk", "dog", "on", "mat", "##s", "##ing", "##ed"]
 TEXTS = ["The cats sat on the mat.", "A dog walked; the cat is walking.", "Dogs walk, cats sit."] * 20
-CFG = {"corpus": "toy", "dim": 8, "epochs": 2, "window": 3, "min_count": 1, "min_n": 2, "max_n": 4, "seed": 3}
+CFG = {"corpus": "toy", "dim": 8, "epochs": 2, "window": 3, "min_count": 1, "min_n": 2, "max_n": 4, "seed": 3,
+       "center": False}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,12 @@ def test_two_processes_write_the_same_bytes_and_rows_are_fasttext_vectors(toy):
             word = piece[2:] if piece.startswith("##") else piece
             np.testing.assert_array_equal(table[i], kv[word], err_msg=piece)
     assert "cats" in kv.key_to_index and "walking" in kv.key_to_index  # words, split like the tokenizer does
+    centred = toy["root"] / "centred"
+    make_word_vectors("ft", build(TrainedVectorsConfig, {**CFG, "center": True}, "cfg"), str(toy["tok"]), centred,
+                      toy["root"] / "corpus")
+    real = table.any(axis=1)
+    np.testing.assert_allclose(np.load(centred / "vectors.npy")[real], table[real] - table[real].mean(0), atol=1e-6)
+    assert not np.load(centred / "vectors.npy")[~real].any()
 
 
 def test_a_table_of_another_tokenizer_or_with_changed_bytes_is_refused(toy):

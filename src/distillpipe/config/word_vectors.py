@@ -26,6 +26,10 @@ class TrainedVectorsConfig:
     max_n: int
     """Longest character n-gram (FastText: 6)."""
     seed: int
+    center: bool
+    """Subtract the mean vector of the (non-special) rows. FastText vectors share a large common direction
+    (trained here on the embedded corpus: mean pairwise cosine 0.84, 0.02 centred), which lets a cosine loss
+    reach ~0.9 by predicting the mean and makes every nearest neighbour the same hub word."""
 
     def __post_init__(self) -> None:
         if min(self.dim, self.epochs, self.window, self.min_count, self.min_n) < 1 or self.max_n < self.min_n:
@@ -40,6 +44,10 @@ class LocalVectorsConfig:
 
     path: str
     """The ``.bin`` file (absolute or relative to the repository root)."""
+    center: bool
+    """Subtract the mean vector of the (non-special) rows. FastText vectors share a large common direction
+    (trained here on the embedded corpus: mean pairwise cosine 0.84, 0.02 centred), which lets a cosine loss
+    reach ~0.9 by predicting the mean and makes every nearest neighbour the same hub word."""
 
     def __post_init__(self) -> None:
         if not self.path:

@@ -113,6 +113,10 @@ def make_word_vectors(name: str, cfg: TrainedVectorsConfig | LocalVectorsConfig,
         kv = load_facebook_vectors(str(path))
         source = {"kind": "fasttext_bin", "file": path.name, "bytes": path.stat().st_size}
     table = build_table(kv, strings)
+    if cfg.center:
+        real = table.any(axis=1)  # special tokens stay zero (never targets)
+        table[real] -= table[real].mean(axis=0, dtype=np.float64).astype(np.float32)
+    source["center"] = cfg.center
     meta = {"name": name, "source": source, "dim": int(table.shape[1]), "vocab_size": int(table.shape[0]),
             "tokenizer_sha256": tokenizer_sha256(model_dir), "tokenizer": tokenizer_spec,
             "special_ids": sorted(int(i) for i in tok.all_special_ids),
