@@ -26,7 +26,7 @@ def active(weights: dict[str, float]) -> set[str]:
     return {t for t, w in weights.items() if w}
 
 
-OUT = {"soft", "hard", "mlm", "mlm_kd"}
+OUT = {"soft", "hard", "mlm", "mlm_kd", "lm"}
 B0, B1, B2 = {"hidden/0", "attn/0"}, {"hidden/1", "attn/1"}, {"hidden/2", "attn/2"}
 
 # tau* = 10, 3 blocks, 100 steps: stages start at 0, 10, 20, 30 and the final phase at 40.
