@@ -127,10 +127,10 @@ def make_classification_tokens(path: Path, model_dir: Path, n_train: int = 96, n
 
 
 def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 0, max_seq_len: int = 32,
-                    n_dev: int = 0, repeat: bool = False) -> Path:
+                    n_dev: int = 0, repeat: bool = False, held_out: bool = False) -> Path:
     """Random MLM rows in the tokens format (lengths vary, a few masked positions each); the first
-    ``n_dev`` rows form a dev split when ``n_dev`` > 0. ``repeat``: each row is one token repeated, so a
-    masked token can be read from its context."""
+    ``n_dev`` rows form a dev split when ``n_dev`` > 0 (``held_out``: ``n_dev`` further rows, none of them in
+    train). ``repeat``: each row is one token repeated, so a masked token can be read from its context."""
     from datasets import Dataset, DatasetDict
 
     from distillpipe.data.schema import write_meta
@@ -138,7 +138,7 @@ def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 
     rng = np.random.default_rng(seed)
     rows = {k: [] for k in ("input_ids", "token_type_ids", "length", "block_id", "view", "masked_positions",
                             "masked_labels")}
-    for i in range(n_rows):
+    for i in range(n_rows + (n_dev if held_out else 0)):
         n = int(rng.integers(6, max_seq_len + 1))
         body = [int(rng.integers(5, 65))] * (n - 2) if repeat else rng.integers(5, 65, size=n - 2).tolist()
         ids = [2] + body + [3]
@@ -149,9 +149,9 @@ def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 
         for k, v in (("input_ids", ids), ("token_type_ids", [0] * n), ("length", n), ("block_id", i), ("view", 0),
                      ("masked_positions", pos), ("masked_labels", labels)):
             rows[k].append(v)
-    splits = {"train": Dataset.from_dict(rows)}
+    splits = {"train": Dataset.from_dict({k: v[:n_rows] for k, v in rows.items()})}
     if n_dev:
-        splits["dev"] = Dataset.from_dict({k: v[:n_dev] for k, v in rows.items()})
+        splits["dev"] = Dataset.from_dict({k: v[n_rows:] if held_out else v[:n_dev] for k, v in rows.items()})
     DatasetDict(splits).save_to_disk(str(path))
     write_meta(path, {"name": "toy_mlm", "task_type": "corpus", "kind": "mlm", "num_labels": 0, "label_names": None,
                       "fingerprint": f"mlm-{seed}-{n_rows}", "tokenizer": tokenizer_meta(model_dir),
@@ -221,15 +221,17 @@ app(sys.argv[1:], prog_name="train")
 
 
 def run_train_cli(run: str, *, tokens: Path, store: Path, prepared: Path, out: Path, params: Path,
-                  kill_at: int | None = None, init: Path | None = None):
-    """Run `distillpipe train --run RUN` (`finetune --init INIT` when ``init`` is given) writing beside ``out``;
-    killed with SIGKILL after step ``kill_at``."""
+                  kill_at: int | None = None, init: Path | None = None, word_vectors: Path | None = None):
+    """Run `distillpipe train --run RUN` (`finetune --init INIT` when ``init`` is given, `train-lm --word-vectors
+    W` when ``word_vectors`` is) writing beside ``out``; killed with SIGKILL after step ``kill_at``."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
     command = ["train"] if init is None else ["finetune", "--init", str(init)]
+    if word_vectors is not None:
+        command = ["train-lm", "--word-vectors", str(word_vectors)]
     cmd = [sys.executable, "-c", _TRAIN_DRIVER, *command, "--run", run, "--tokens", str(tokens), "--teacher-cache",
            str(store), "--prepared", str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt",
            "--metrics", f"{out}.json", "--plots", f"{out}.plots", "--params", str(params)]

@@ -21,6 +21,8 @@ from distillpipe.config.teacher_import import TeacherImportConfig
 from distillpipe.config.tokenize import TokenizeConfig
 from distillpipe.config.train import TrainConfig
 from distillpipe.config.train_aug import TrainAugConfig
+from distillpipe.config.train_lm import TrainLMConfig
+from distillpipe.config.word_vectors import WordVectorsConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
@@ -29,6 +31,7 @@ SECTIONS = {
     "teacher_finetune": TeacherFinetuneConfig, "teacher_cache": TeacherCacheConfig, "qg_finetune": QgFinetuneConfig,
     "augment": AugmentConfig, "train": TrainConfig, "finetune": FinetuneConfig, "train_aug": TrainAugConfig,
     "evaluate": EvaluateConfig, "speed": SpeedConfig, "report": ReportConfig,
+    "word_vectors": WordVectorsConfig, "train_lm": TrainLMConfig,
 }
 
 

@@ -24,6 +24,8 @@ from distillpipe.commands import (
     tokenize,
     train,
     train_aug,
+    train_lm,
+    word_vectors,
 )
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
@@ -36,7 +38,9 @@ for name, fn in [
     ("qg-finetune", qg_finetune.qg_finetune),
     ("augment", augment.augment),
     ("train", train.train),
+    ("word-vectors", word_vectors.word_vectors),
     ("train-aug", train_aug.train_aug),
+    ("train-lm", train_lm.train_lm),
     ("finetune", finetune.finetune),
     ("evaluate", evaluate.evaluate),
     ("speed", speed.speed),

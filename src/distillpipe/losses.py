@@ -232,6 +232,16 @@ def continuous_cosine(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (1.0 - cos).mean() if cos.numel() else cos.sum()
 
 
+def lm_nll(logprob: torch.Tensor) -> torch.Tensor:
+    """Language-model loss, ELMo-C eq. (1): the mean of ``-log p(w | c)`` over the predictions.
+
+    ``logprob`` (N,) the log-probability of each target under the model's (full or adaptive) softmax.
+    """
+    if logprob.dim() != 1:
+        raise ValueError(f"lm_nll: logprob must be (N,), got {tuple(logprob.shape)}")
+    return -logprob.float().mean() if logprob.numel() else logprob.sum()
+
+
 # ------------------------------------------------------------------------------------------------
 # intermediate-layer losses
 # ------------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class AllAtOnceConfig:
 ScheduleConfig = SlowBuildConfig | AllAtOnceConfig
 
 
-LOSS_TERMS = ("hard", "soft", "mlm_kd", "hidden", "attn", "attn_kl", "embedding")
+LOSS_TERMS = ("hard", "soft", "mlm_kd", "hidden", "attn", "attn_kl", "embedding", "lm")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,9 @@ class ObjectiveConfig:
     the static masks; never on unlabeled rows), ``soft`` teacher logits with temperature (T^2 scaled), ``mlm_kd``
     top-k teacher MLM logits, ``hidden`` hidden states through one shared learned projection, ``attn`` pre-softmax
     attention scores (MSE, WaLDORf), ``attn_kl`` attention probabilities per head and query (KL, MiniALBERT eq. 7;
-    reads the cache's ``attn_probs``), ``embedding`` the embedding output through a learned projection. CMOW's
+    reads the cache's ``attn_probs``), ``embedding`` the embedding output through a learned projection, ``lm`` a
+    language model's next/previous-token loss on a corpus (ELMo-C: cosine distance to the target's fixed vector,
+    eq. 2; its softmax baselines: negative log-likelihood, eq. 1). CMOW's
     alpha * hard + (1 - alpha) * soft with alpha = 0.5 is ``{hard: 0.5, soft: 0.5}``."""
     hidden_loss: Literal["mse", "cosine"]
     """Distance for ``hidden`` (WaLDORf: mse; MiniALBERT: cosine)."""

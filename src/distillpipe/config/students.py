@@ -130,6 +130,51 @@ class MiniALBERTConfig:
 
 
 @dataclass(frozen=True)
+class ElmoConfig:
+    """ELMo-C and its baselines (ELMo-C paper sec. 4.1, Table 1): a frozen word-vector table as the input layer,
+    forward and backward LSTM language models with projection and LayerNorm after each layer's projection,
+    and one output layer shared by both directions; ``output`` is the only difference between the three."""
+
+    student: Literal["elmo"]
+    d_input: int
+    """Size of the word vectors of the input table (word_vectors' ``dim``; 300 for FastText_CC); checked when
+    the table is copied into the student."""
+    output: Literal["continuous", "adaptive", "subword"]
+    """``continuous`` (ELMo-C): a linear projection to the word-vector size, trained with the cosine distance to
+    the target's fixed vector (eq. 2); ``adaptive`` (ELMo-A): ``nn.AdaptiveLogSoftmaxWithLoss`` over the
+    vocabulary; ``subword`` (ELMo-Sub): a full softmax over the (teacher tokenizer's subword) vocabulary."""
+    d_hidden: int
+    """LSTM cell size of each layer and direction (paper/ELMo: 4096)."""
+    d_proj: int
+    """Projection of each LSTM layer's output (paper/ELMo: 512): the width of every exposed layer and direction."""
+    n_layers: int
+    """LSTM layers per direction (paper/ELMo: 2)."""
+    adaptive_cutoffs: list[int]
+    """ELMo-A cluster boundaries over the vocabulary ids, increasing, each < the vocabulary size (used only by
+    ``adaptive``; ids are the tokenizer's, so the head cluster holds its first ids)."""
+    adaptive_div_value: float
+    """ELMo-A: each tail cluster's projection is ``div_value`` times narrower than the previous one (Grave: 4)."""
+    dropout: float
+    """Dropout on the inputs and on each layer's output (ELMo: 0.1)."""
+    init_std: float
+    """The continuous and subword output layers start as N(0, init_std^2). LSTMs and the adaptive softmax keep
+    PyTorch's initialisation (its tail clusters are two stacked projections: both at N(0, 0.02^2) they start
+    near zero and learn slowly)."""
+
+    def __post_init__(self) -> None:
+        if min(self.d_input, self.d_hidden, self.d_proj, self.n_layers) < 1:
+            raise ConfigError("elmo: d_input, d_hidden, d_proj and n_layers must be >= 1")
+        if self.d_proj >= self.d_hidden:
+            raise ConfigError(f"elmo: d_proj={self.d_proj} must be < d_hidden={self.d_hidden} (an LSTM projection "
+                              "shrinks the cell output; torch's proj_size requires it)")
+        c = self.adaptive_cutoffs
+        if self.output == "adaptive" and (not c or c != sorted(set(c)) or c[0] < 1):
+            raise ConfigError(f"elmo: adaptive_cutoffs must be increasing ids >= 1, got {c}")
+        if self.adaptive_div_value < 1 or not 0 <= self.dropout < 1 or self.init_std <= 0:
+            raise ConfigError("elmo: need adaptive_div_value >= 1, dropout in [0, 1) and init_std > 0")
+
+
+@dataclass(frozen=True)
 class HeadConfig:
     """The task head put on a student's encoding (CMOW paper, supplement A)."""
 
@@ -146,4 +191,4 @@ class HeadConfig:
             raise ConfigError("head: need hidden_size >= 1 and dropout in [0, 1)")
 
 
-StudentConfig = CMOWHybridConfig | WaLDORfConfig | MiniALBERTConfig
+StudentConfig = CMOWHybridConfig | WaLDORfConfig | MiniALBERTConfig | ElmoConfig

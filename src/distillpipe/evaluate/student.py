@@ -6,6 +6,7 @@ cross-entropy and accuracy at the static masks. Also: parameter counts of a mode
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,11 @@ from distillpipe.runtime import autocast
 from distillpipe.train.data import IGNORE, collate
 
 
-def primary_metric(kind: str, dataset_meta: dict) -> str:
-    """The dev metric to early-stop on and to plot (higher is better)."""
+def primary_metric(kind: str, dataset_meta: dict, lm: bool = False) -> str:
+    """The dev metric to early-stop on and to plot (higher is better). ``lm``: a language-model student (ELMo-C
+    and baselines) on a corpus, scored by next/previous-token top-1 accuracy, comparable across output layers."""
+    if kind == "mlm" and lm:
+        return "lm_accuracy"
     if kind == "mlm":
         return "mlm_accuracy"
     if kind == "qa":
@@ -67,8 +71,12 @@ def score_student(model, rows, *, kind: str, pad_id: int, device: torch.device, 
     try:
         if kind == "mlm":
             loss_sum, correct, count = 0.0, 0, 0
-            for _, _, targets, out in _outputs(model, rows, kind=kind, pad_id=pad_id, device=device,
-                                                batch_size=batch_size, pairs=False):
+            outputs = _outputs(model, rows, kind=kind, pad_id=pad_id, device=device, batch_size=batch_size,
+                               pairs=False)
+            first = next(outputs, None)
+            if first is not None and first[3].lm is not None:  # a language-model student (ELMo-C, baselines)
+                return Scored(_score_lm([first], outputs))
+            for _, _, targets, out in itertools.chain([first] if first is not None else [], outputs):
                 labels = targets["mlm_labels"].to(device)  # (B, M)
                 keep = labels != IGNORE
                 logits = out.mlm_logits.float()[keep]  # (n, V)
@@ -105,6 +113,25 @@ def score_student(model, rows, *, kind: str, pad_id: int, device: torch.device, 
         raise ValueError(f"cannot evaluate tokens of kind {kind!r}")
     finally:
         model.train(was)
+
+
+def _score_lm(*outputs) -> dict[str, float]:
+    """A language model on a corpus: ``lm_loss``, its training loss (cosine distance for continuous outputs,
+    negative log-likelihood for softmax outputs: comparable only within one output type), and ``lm_accuracy``,
+    the share of next/previous tokens that are the model's top-1 (the nearest vector by cosine for continuous
+    outputs): comparable across output layers. Both directions' predictions count."""
+    loss_sum, correct, count = 0.0, 0, 0
+    for _, _, _, out in itertools.chain(*outputs):
+        lm = out.lm
+        n = int(lm.target_ids.numel())
+        if lm.vectors is not None:
+            cos = torch.nn.functional.cosine_similarity(lm.vectors.float(), lm.target_vectors.float(), dim=-1)
+            loss_sum += float((1.0 - cos).sum())
+        else:
+            loss_sum += float(-lm.logprob.float().sum())
+        correct += int((lm.top1 == lm.target_ids).sum())
+        count += n
+    return {"lm_loss": loss_sum / max(count, 1), "lm_accuracy": correct / max(count, 1)}
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from distillpipe.config.base import build
-from distillpipe.config.students import CMOWHybridConfig, HeadConfig, MiniALBERTConfig, WaLDORfConfig
+from distillpipe.config.students import CMOWHybridConfig, ElmoConfig, HeadConfig, MiniALBERTConfig, WaLDORfConfig
 from distillpipe.students.base import StudentOutput, TaskSpec
 from distillpipe.students.cmow_hybrid import CMOWHybrid
+from distillpipe.students.elmo import Elmo
 from distillpipe.students.minialbert import MiniALBERT
 from distillpipe.students.waldorf import WaLDORf
 
@@ -27,6 +28,7 @@ STUDENTS: dict[str, tuple[type, type[torch.nn.Module]]] = {
     "cmow_hybrid": (CMOWHybridConfig, CMOWHybrid),
     "waldorf": (WaLDORfConfig, WaLDORf),
     "minialbert": (MiniALBERTConfig, MiniALBERT),
+    "elmo": (ElmoConfig, Elmo),
 }
 
 WEIGHTS_FILE = "model.pt"

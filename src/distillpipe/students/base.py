@@ -11,12 +11,19 @@ Batch keys (all on the model's device):
   input_ids (B, L) long, token_type_ids (B, L) long, attention_mask (B, L) bool   joint encoding
   a_input_ids, a_attention_mask, b_input_ids, b_attention_mask                      DiffCat pairs
   mlm_positions (B, M) long, -1 = unused slot                                        kind 'mlm'
+  unmasked_input_ids (B, L) long: input_ids with the static masks undone             kind 'mlm'
+    (what a causal language model reads and predicts; an MLM student must not read it)
 
 Parameter naming (the loop relies on it): the task head lives under the attribute ``head`` and the
-MLM head under ``mlm_head``; everything else is the encoder. Bottleneck adapters (MiniALBERT) live in
-modules whose attribute name starts with ``adapter``: adapter tuning trains exactly those and the head.
+MLM head (any pretraining output layer, e.g. a language model's) under ``mlm_head``; everything else is
+the encoder. Bottleneck adapters (MiniALBERT) live in modules whose attribute name starts with ``adapter``:
+adapter tuning trains exactly those and the head.
 Initialising a task student from a general-distilled one copies every encoder tensor and refuses any
 other mismatch.
+
+Fixed input vectors (ELMo-C): a student whose input layer is a fixed word-vector table holds it in a buffer
+named ``input_vectors`` (V, e), zero when built; the loop copies the table in (:func:`set_input_vectors`),
+so it is saved with the weights and counts as no parameter.
 """
 
 from __future__ import annotations
@@ -79,6 +86,42 @@ class StudentOutput:
     """Per-layer pre-softmax attention scores, each (B, H, L_h, L_h)."""
     embeddings: torch.Tensor | None = None
     """(B, L, e) embedding-layer output (WaLDORf embedding loss)."""
+    lm: LMOutput | None = None
+    """Next/previous-token predictions of a language-model student (ELMo-C and baselines) on kind 'mlm'."""
+
+
+@dataclass
+class LMOutput:
+    """The N predictions of a language model (forward LM: token t+1 from tokens <= t; backward: t-1 from >= t),
+    over every target of the batch. Exactly one of ``vectors`` (continuous outputs) and ``logprob`` is set."""
+
+    target_ids: torch.Tensor
+    """(N,) long: the predicted tokens."""
+    vectors: torch.Tensor | None = None
+    """(N, e) continuous outputs (ELMo-C), compared with ``target_vectors`` by the cosine distance (eq. 2)."""
+    target_vectors: torch.Tensor | None = None
+    """(N, e) the fixed vectors of the targets."""
+    logprob: torch.Tensor | None = None
+    """(N,) log p(target | context) under a (full or adaptive) softmax (eq. 1)."""
+    top1: torch.Tensor | None = None
+    """(N,) long: the most likely token (softmax) or the nearest vector by cosine (continuous); in eval mode
+    only (it costs a pass over the whole vocabulary)."""
+
+
+INPUT_VECTORS = "input_vectors"
+
+
+def set_input_vectors(model: torch.nn.Module, table: torch.Tensor) -> None:
+    """Copy a fixed word-vector table (V, e) into the student's ``input_vectors`` buffer, checking its shape."""
+    buf = getattr(model, INPUT_VECTORS, None)
+    if not isinstance(buf, torch.Tensor):
+        raise ValueError(f"{type(model).__name__} has no fixed input vectors: give word vectors only to a student "
+                         "that reads them (elmo)")
+    if tuple(buf.shape) != tuple(table.shape):
+        raise ValueError(f"the word-vector table is {tuple(table.shape)} but the student expects {tuple(buf.shape)} "
+                         "(vocabulary size x model d_input): set the model's d_input to the table's dim")
+    with torch.no_grad():
+        buf.copy_(table)
 
 
 def is_adapter(name: str) -> bool:

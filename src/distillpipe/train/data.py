@@ -146,6 +146,12 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
         has_truth &= torch.as_tensor(np.asarray(rows["labeled"], dtype=bool))
     if kind == "mlm":
         batch["mlm_positions"] = pad_sequences(rows["masked_positions"], -1)  # (B, M)
+        # the static masks undone, for causal language models (ELMo-C): they must read the real tokens
+        unmasked = input_ids.clone()
+        labels = pad_sequences(rows["masked_labels"], pad_id)  # (B, M) the original ids at the masked positions
+        slots = batch["mlm_positions"] >= 0
+        unmasked[torch.arange(B)[:, None].expand_as(slots)[slots], batch["mlm_positions"][slots]] = labels[slots]
+        batch["unmasked_input_ids"] = unmasked  # (B, T)
         targets["mlm_positions"] = batch["mlm_positions"]
         targets["mlm_labels"] = pad_sequences(rows["masked_labels"], IGNORE).masked_fill(~has_truth[:, None], IGNORE)
     elif kind == "classification":

@@ -52,6 +52,7 @@ from distillpipe.config.finetune import FinetuneRunConfig
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
 from distillpipe.data.schema import read_meta
+from distillpipe.data.word_vectors import load_table
 from distillpipe.evaluate.student import evaluate_student, primary_metric
 from distillpipe.identity import code_digests, json_sha256, sha256_dir
 from distillpipe.progress import Progress
@@ -59,7 +60,7 @@ from distillpipe.runtime import adamw, autocast, rng_state, seed_everything, set
 from distillpipe.scale.ddp import ProcessGroup, join, leave
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student, save_student
-from distillpipe.students.base import TaskSpec, freeze_for_tuning
+from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
 from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.train.data import Mixture, Source, TrainDataError, collate
 from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
@@ -154,7 +155,7 @@ of a checkpoint's identity, so a run never continues with code other than the co
 
 def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: LoaderConfig, tokens_meta: dict,
                  stores: dict[str, Any], init_dir: str | Path | None, augment: tuple | None,
-                 device: torch.device, processes: int) -> dict[str, Any]:
+                 device: torch.device, processes: int, word_vectors: str | None = None) -> dict[str, Any]:
     """Everything that decides a run's weights, as digests: what a checkpoint must match to be resumed."""
     return {
         "params": json_sha256({"run": dataclasses.asdict(run), "model": dataclasses.asdict(model_cfg),
@@ -163,6 +164,7 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
         "teacher cache": {k: s.content_sha256() for k, s in stores.items()},
         "augment tokens": read_meta(augment[1])["fingerprint"] if augment else None,
         "init weights": sha256_dir(init_dir) if init_dir is not None else None,
+        "word vectors": word_vectors,
         "code": json_sha256(code_digests(CODE_MODULES)),
         "device": device.type,
         "processes": processes,
@@ -243,10 +245,11 @@ class TrainingRun:
 def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
               tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None, ckpt_dir: str | Path,
               init_dir: str | Path | None = None, augment: tuple[str, str | Path, str | Path] | None = None,
-              loader_workers: int = 0) -> TrainingRun:
+              loader_workers: int = 0, word_vectors: str | Path | None = None) -> TrainingRun:
     """Everything a run needs before its first step, on this process (joining the process group under
     torchrun). ``augment``: (name, tokens dir, cache) of unlabeled rows of the same kind mixed into training
-    (teacher losses only)."""
+    (teacher losses only). ``word_vectors``: a word_vectors table folder, copied into the student's fixed
+    input vectors (ELMo-C); its digest joins the run's identity."""
     from datasets import load_from_disk
 
     tokens_dir = Path(tokens_dir)
@@ -261,6 +264,16 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     student = build_student(model_cfg, task)
     if init_dir is not None:
         _init_from(student, Path(init_dir))
+    vectors_digest = None
+    if word_vectors is not None:
+        table, vectors_digest = load_table(word_vectors, tokenizer_sha256=meta["tokenizer"]["sha256"])
+        try:
+            set_input_vectors(student, table)
+        except ValueError as e:
+            raise TrainDataError(f"{name}: {e}") from None
+    elif hasattr(student, INPUT_VECTORS) and init_dir is None:
+        raise TrainDataError(f"{name}: this student ({model_cfg.student}) reads a fixed word-vector table: train it "
+                             "as a train_lm run (word_vectors: <table>), or initialise it from one (finetune)")
     tune = run.tune if isinstance(run, FinetuneRunConfig) else "full"
     try:
         n_trainable, n_params = freeze_for_tuning(student, tune)
@@ -313,12 +326,14 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
         raise TrainDataError(f"{tokens_dir} has no dev split: the loop evaluates (and early-stops) on dev; give the "
                              "dataset a dev split in prepare (splits.dev > 0)")
     identity = run_identity(run=run, model_cfg=model_cfg, loader_cfg=loader_cfg, tokens_meta=meta, stores=stores,
-                            init_dir=init_dir, augment=augment, device=dev, processes=group.world)
+                            init_dir=init_dir, augment=augment, device=dev, processes=group.world,
+                            word_vectors=vectors_digest)
     return TrainingRun(name=name, run=run, model_cfg=model_cfg, task=task, meta=meta, group=group, device=dev,
                        trainable=trainable, engine=engine, optimizer=optimizer, params=params, data=data,
                        sources=sources, schedule=schedule, total=total, dev_rows=splits["dev"],
                        prepared_dir=Path(prepared_dir) if prepared_dir is not None else None,
-                       metric=primary_metric(task.kind, meta), identity=identity, ckpt_dir=Path(ckpt_dir))
+                       metric=primary_metric(task.kind, meta, lm=dims.lm), identity=identity,
+                       ckpt_dir=Path(ckpt_dir))
 
 
 def restore(r: TrainingRun) -> bool:
@@ -455,12 +470,13 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
                   tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None,
                   out_dir: str | Path, ckpt_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
                   init_dir: str | Path | None = None,
-                  augment: tuple[str, str | Path, str | Path] | None = None, loader_workers: int = 0) -> RunSummary:
+                  augment: tuple[str, str | Path, str | Path] | None = None, loader_workers: int = 0,
+                  word_vectors: str | Path | None = None) -> RunSummary:
     """Train one student run: build, resume, step, evaluate, checkpoint, write the outputs."""
     t0 = time.time()
     r = build_run(name, model_cfg=model_cfg, run=run, loader_cfg=loader_cfg, device=device, tokens_dir=tokens_dir,
                   store_path=store_path, prepared_dir=prepared_dir, ckpt_dir=ckpt_dir, init_dir=init_dir,
-                  augment=augment, loader_workers=loader_workers)
+                  augment=augment, loader_workers=loader_workers, word_vectors=word_vectors)
     try:
         restore(r)
         opt = r.run.optim

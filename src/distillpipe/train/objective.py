@@ -5,7 +5,7 @@ meets which target. It owns the learned projections that only training needs (Wa
 projection W_h shared by every aligned layer, eq. (2); W_E for the embeddings, eq. (1)); they are
 saved in checkpoints but are not part of the student.
 
-Term names: ``hard``, ``soft``, ``mlm_kd``, ``embedding``, and per aligned student layer j
+Term names: ``hard``, ``soft``, ``mlm_kd``, ``embedding``, ``lm``, and per aligned student layer j
 ``hidden/<j>``, ``attn/<j>`` (WaLDORf score MSE) and ``attn_kl/<j>`` (MiniALBERT attention KL, eq. 7). The
 effective weight of a term is ``loss_weights[base]`` times the schedule's multiplier for the term's full name
 (WaLDORf eq. (9) switches terms on one by one).
@@ -42,6 +42,8 @@ class StudentDims:
     attn_heads: tuple[int, ...]
     embedding: int
     """0 when the student exposes no embedding output."""
+    lm: bool
+    """Whether the student makes language-model predictions (``StudentOutput.lm``: ELMo-C and baselines)."""
 
 
 def probe_student(model: nn.Module, batch: dict[str, torch.Tensor]) -> StudentDims:
@@ -52,7 +54,7 @@ def probe_student(model: nn.Module, batch: dict[str, torch.Tensor]) -> StudentDi
     model.train(was)
     return StudentDims(hidden=tuple(h.shape[-1] for h in out.hidden), hidden_stride=out.hidden_stride,
                        attn_heads=tuple(a.shape[1] for a in out.attn_scores),
-                       embedding=0 if out.embeddings is None else out.embeddings.shape[-1])
+                       embedding=0 if out.embeddings is None else out.embeddings.shape[-1], lm=out.lm is not None)
 
 
 LAYER_TERMS = ("hidden", "attn", "attn_kl")
@@ -98,6 +100,11 @@ class Objective(nn.Module):
             raise ObjectiveError("loss_weights.soft is for task logits; on an MLM corpus use mlm_kd")
         if kind != "mlm" and _weight(cfg, "mlm_kd"):
             raise ObjectiveError("loss_weights.mlm_kd needs an MLM corpus")
+        if _weight(cfg, "lm") and not dims.lm:
+            raise ObjectiveError("loss_weights.lm needs a language-model student (student: elmo) on an MLM corpus")
+        if dims.lm and (_weight(cfg, "hard") or _weight(cfg, "mlm_kd")):
+            raise ObjectiveError("a language-model student (elmo) makes no MLM predictions: use loss_weights.lm "
+                                 "(hard and mlm_kd are for MLM students)")
         self.layers = [(j, t) for j, t in enumerate(cfg.layer_map) if t >= 0]
         needs_layers = any(_weight(cfg, t) for t in LAYER_TERMS)
         self.needs_hidden = needs_layers
@@ -146,7 +153,7 @@ class Objective(nn.Module):
 
     def terms(self) -> list[str]:
         """Full names of the terms with a non-zero weight (what the schedule is asked about)."""
-        out = [t for t in ("hard", "soft", "mlm_kd", "embedding") if _weight(self.cfg, t)]
+        out = [t for t in ("hard", "soft", "mlm_kd", "embedding", "lm") if _weight(self.cfg, t)]
         for base in LAYER_TERMS:
             if _weight(self.cfg, base):
                 out += [f"{base}/{j}" for j, _ in self.layers]
@@ -197,6 +204,13 @@ class Objective(nn.Module):
                                      "re-run teacher_cache")
             return losses.topk_kd(out.mlm_logits[slots], tg["mlm/topk_ids"][:, :M][slots].long(),
                                   tg["mlm/topk_logits"][:, :M][slots], tg["mlm/logsumexp"][:, :M][slots], T)
+        if term == "lm":
+            lm = out.lm
+            if lm.target_ids.numel() == 0:  # no row of the batch has a target
+                return None
+            if lm.vectors is not None:
+                return losses.continuous_cosine(lm.vectors, lm.target_vectors)  # ELMo-C eq. (2)
+            return losses.lm_nll(lm.logprob)  # eq. (1)
         if term == "embedding":
             return losses.embedding_mse(self.embed_proj(out.embeddings), tg["embeddings"], mask)
         base, j = term.split("/")

@@ -30,7 +30,7 @@ from distillpipe.config.run import AllAtOnceConfig, ScheduleConfig, SlowBuildCon
 
 log = logging.getLogger(__name__)
 
-OUTPUT_TERMS = ("soft", "hard", "mlm", "mlm_kd")
+OUTPUT_TERMS = ("soft", "hard", "mlm", "mlm_kd", "lm")
 """Terms on the student's outputs; the slow build adds them in its final phase (eq. (8): chi_n)."""
 
 
