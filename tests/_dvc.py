@@ -77,7 +77,7 @@ def tiny_params(teacher: Path) -> dict:
     params["finetune"].update(device="cpu", loader=loader, runs={})
     params["evaluate"].update(device="cpu", runs={"tiny": {"dataset": "polarity", "teacher": "polarity"}})
     params["speed"] = {"device": "cpu", "batch_size": 8, "seq_len": 16, "warmup": 0, "repeats": 1,
-                       "batches_per_repeat": 1}
+                       "batches_per_repeat": 1, "runs": {"tiny": {"teacher": "polarity"}}}
     params["report"]["tables"] = []
     return params
 

@@ -20,6 +20,7 @@ PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 PARAMS["prepare"]["local"] = {"mine": {"format": "glue", "task": "sst2", "path": "data/raw/mine",
                                        "files": {"train": "train.tsv", "test": "dev.tsv"}, "encoding": "utf-8",
                                        "on_bad_rows": "error", "carve": {"dev": 0.1, "test": 0.0, "seed": 0}}}
+PARAMS["word_vectors"]["local"] = {"cc": {"path": "data/raw/cc.en.300.bin", "center": False}}
 runner = CliRunner()
 
 
@@ -77,7 +78,7 @@ def test_missing_inputs(stage, tmp_path, monkeypatch):
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_unknown_params_key(stage, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    section = "prepare" if stage == "prepare_local" else stage
+    section = {"prepare_local": "prepare", "word_vectors_local": "word_vectors"}.get(stage, stage)
     params = yaml.safe_load(yaml.safe_dump(PARAMS))
     params[section]["no_such_key"] = 1
     argv = STAGES[stage]

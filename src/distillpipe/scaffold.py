@@ -1,8 +1,8 @@
 """Adding a task of your own to params.yaml in one step (``distillpipe new-task``).
 
-A task touches seven sections: its data source (``prepare.local``), ``tokenize``, its teacher
+A task touches eight sections: its data source (``prepare.local``), ``tokenize``, its teacher
 (``teacher_finetune``, ``teacher_cache``), the student runs on it (``train``/``finetune``), their
-``evaluate`` entries and a ``report`` table. :func:`add_task` writes all of them, modelled on an
+``evaluate`` (and ``speed``) entries and a ``report`` table. :func:`add_task` writes all of them, modelled on an
 existing dataset of the same kind (``--like polarity``: same lengths, teacher recipe, signals,
 students and table layout), so no value comes from code: every number is one params.yaml already
 has, and the user edits the copy. The new entries are inserted as text at the end of their blocks,
@@ -24,6 +24,7 @@ from distillpipe.config.evaluate import EvaluateConfig
 from distillpipe.config.finetune import FinetuneConfig
 from distillpipe.config.prepare import PrepareConfig
 from distillpipe.config.report import ReportConfig
+from distillpipe.config.speed import SpeedConfig
 from distillpipe.config.teacher_cache import TeacherCacheConfig
 from distillpipe.config.teacher_finetune import TeacherFinetuneConfig
 from distillpipe.config.tokenize import TokenizeConfig
@@ -35,7 +36,7 @@ STSB_BIN_WIDTH = 0.2
 """CMOW paper sec. IV-A (after Raffel et al.): STS-B cast to classification over 0.2-wide bins."""
 SECTIONS = {"prepare": PrepareConfig, "tokenize": TokenizeConfig, "teacher_finetune": TeacherFinetuneConfig,
             "teacher_cache": TeacherCacheConfig, "train": TrainConfig, "finetune": FinetuneConfig,
-            "evaluate": EvaluateConfig, "report": ReportConfig}
+            "evaluate": EvaluateConfig, "speed": SpeedConfig, "report": ReportConfig}
 
 
 def _renamed(run: str, like: str, name: str) -> str:
@@ -93,6 +94,12 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any]) -> list
             if entry.get("teacher") == like:
                 entry["teacher"] = name
             plan.append(("evaluate.runs", new, entry))
+    for run, new in runs.items():
+        if run in params["speed"]["runs"]:
+            entry = copy.deepcopy(params["speed"]["runs"][run])
+            if entry.get("teacher") == like:
+                entry["teacher"] = name
+            plan.append(("speed.runs", new, entry))
     names = {**runs, f"teacher:{like}": f"teacher:{name}"}
     for table in params["report"]["tables"]:
         if not any(r in runs for r in table["runs"]):

@@ -111,7 +111,7 @@ def test_predictions_reproduce_the_reported_scores(qa_student, tmp_path):
 
 def test_speed_stage_times_student_and_teacher_apart_from_the_scores(qa_student, tmp_path):
     cfg = build(SpeedConfig, {"device": "cpu", "batch_size": 4, "seq_len": 16, "warmup": 0, "repeats": 2,
-                              "batches_per_repeat": 1}, "speed")
+                              "batches_per_repeat": 1, "runs": {"w": {"teacher": "t"}}}, "speed")
     res = time_run("w", cfg, student_dir=qa_student["student"], teacher_dir=qa_student["teacher"],
                    out_path=tmp_path / "speed" / "w.json")
     assert json.loads((tmp_path / "speed" / "w.json").read_text()) == res

@@ -8,6 +8,12 @@ from distillpipe.config.base import ConfigError
 
 
 @dataclass(frozen=True)
+class SpeedRunConfig:
+    teacher: str
+    """The teacher timed beside the student (``models/teacher/<teacher>``)."""
+
+
+@dataclass(frozen=True)
 class SpeedConfig:
     """Inference speed protocol (CMOW paper Table V: batches of 256 random sequences of length 64, no grad).
 
@@ -24,6 +30,10 @@ class SpeedConfig:
     """Timed repeats; the median rate is reported."""
     batches_per_repeat: int
     """Batches per timed repeat (on a GPU one batch is mostly launch and sync overhead: time many)."""
+    runs: dict[str, SpeedRunConfig]
+    """Evaluated students to time (stage ``speed@<run>``). Speed depends on the architecture and its size, not on
+    what it learned, so one run per student architecture (and dataset panel of the plot) is enough; runs not listed
+    show no speed in the report."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.seq_len < 2 or self.warmup < 0 or self.repeats < 1 \
