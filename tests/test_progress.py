@@ -15,11 +15,13 @@ class _Terminal(io.StringIO):
         return True
 
 
-def _redraws(bar_cls, stream, steps: int = 80) -> int:
+def _redraws(bar_cls, stream, steps: int = 80, postfix: bool = False) -> int:
     with bar_cls(total=steps, file=stream, desc="x") as bar:
-        for _ in range(steps):
+        for i in range(steps):
             time.sleep(0.01)
             bar.update()
+            if postfix:  # as the training loops show their loss
+                bar.set_postfix(loss=f"{1 / (i + 1):.3f}")
     return stream.getvalue().count("\r")
 
 
@@ -33,6 +35,10 @@ def test_a_bar_into_a_file_draws_only_its_first_and_last_lines(monkeypatch):
             bar.update()
     assert plain.getvalue().count("\r") > 10
     assert _redraws(Progress, io.StringIO()) <= 3  # initial, final (and close)
+    # a postfix set at every step does not redraw either (tqdm's set_postfix refreshes by default)
+    assert _redraws(tqdm, io.StringIO(), 20, postfix=True) >= 20
+    out = io.StringIO()
+    assert _redraws(Progress, out, postfix=True) <= 3 and "loss=0.013" in out.getvalue()  # the last one shows
 
 
 def test_the_interval_is_a_setting_and_terminals_keep_tqdms_default(monkeypatch):

@@ -30,8 +30,14 @@ class Progress(tqdm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         stream = kwargs.get("file") or sys.stderr
-        if not getattr(stream, "isatty", lambda: False)():
+        self._rate_limited = not getattr(stream, "isatty", lambda: False)()
+        if self._rate_limited:
             seconds = _interval()
             kwargs.setdefault("mininterval", seconds)
             kwargs.setdefault("maxinterval", seconds)  # tqdm's monitor would otherwise redraw every 10 s
         super().__init__(*args, **kwargs)
+
+    def set_postfix(self, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
+        """As tqdm's, but into a file the new postfix waits for the next timed redraw (tqdm's default redraws
+        at every call: a loss shown every few steps would undo the rate limit)."""
+        super().set_postfix(ordered_dict, refresh=refresh and not self._rate_limited, **kwargs)
