@@ -61,7 +61,7 @@ def tiny_params(teacher: Path) -> dict:
     evaluated, timed and reported; no QA, no augmentation."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["prepare"]["datasets"] = {"polarity": params["prepare"]["datasets"]["polarity"]}
-    params["tokenize"].update(tokenizer=str(teacher), max_seq_len=32, datasets={"polarity": {"kind": "classification"}})
+    params["tokenize"].update(tokenizer=str(teacher), max_seq_len=32, datasets={"polarity": {"kind": "classification", "max_seq_len": None}})
     params["teacher_import"]["models"] = {"base": str(teacher)}
     params["teacher_finetune"].update(device="cpu", tasks={"polarity": finetune_params(epochs=1, checkpoint_every=100)})
     pol = params["teacher_cache"]["datasets"]["polarity"]
@@ -74,6 +74,8 @@ def tiny_params(teacher: Path) -> dict:
     loader = {"block_rows": 64, "buffer_blocks": 2, "streams": 1}
     params["train"].update(device="cpu", loader=loader, runs={"tiny": run})
     params["train_aug"].update(device="cpu", loader=loader, runs={})
+    params["train_lm"].update(device="cpu", loader=loader, runs={})
+    params["word_vectors"].update(tables={}, local={})
     params["finetune"].update(device="cpu", loader=loader, runs={})
     params["evaluate"].update(device="cpu", runs={"tiny": {"dataset": "polarity", "teacher": "polarity"}})
     params["speed"] = {"device": "cpu", "batch_size": 8, "seq_len": 16, "warmup": 0, "repeats": 1,
