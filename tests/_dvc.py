@@ -61,7 +61,8 @@ def tiny_params(teacher: Path) -> dict:
     evaluated, timed and reported; no QA, no augmentation."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["prepare"]["datasets"] = {"polarity": params["prepare"]["datasets"]["polarity"]}
-    params["tokenize"].update(tokenizer=str(teacher), max_seq_len=32, datasets={"polarity": {"kind": "classification", "max_seq_len": None}})
+    params["tokenize"].update(tokenizer=str(teacher), max_seq_len=32,
+                              datasets={"polarity": {"kind": "classification", "max_seq_len": None}})
     params["teacher_import"]["models"] = {"base": str(teacher)}
     params["teacher_finetune"].update(device="cpu", tasks={"polarity": finetune_params(epochs=1, checkpoint_every=100)})
     pol = params["teacher_cache"]["datasets"]["polarity"]

@@ -91,7 +91,8 @@ def test_params_yaml_embedded_datasets(tmp_path):
     cfg = load_section(REPO / "params.yaml", "prepare", PrepareConfig)
     expected = {"wiki": ("corpus", ["train", "dev", "test"]),
                 "polarity": ("classification", ["train", "dev", "test"]),
-                "wiki_pairs": ("classification", ["train", "dev", "test"]), "wiki_qa": ("qa", ["train", "dev", "test"])}
+                "wiki_pairs": ("classification", ["train", "dev", "test"]), "wiki_qa": ("qa", ["train", "dev", "test"]),
+                "wiki_mini": ("corpus", ["train", "dev", "test"])}
     assert set(cfg.datasets) == set(expected)
     for name, ds_cfg in cfg.datasets.items():
         summary = prepare_dataset(name, ds_cfg, tmp_path / name, cfg.wiki_articles)

@@ -54,7 +54,7 @@ def toy(tmp_path_factory):
     root = tmp_path_factory.mktemp("elmo")
     base = make_tiny_bert_dir(root / "base")
     tokens = make_mlm_tokens(root / "mlm", base, n_rows=96, n_dev=16, repeat=True, held_out=True)
-    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "train",
+    cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "train", "max_rows": None,
                                             "signals": signals(hidden_layers=[2], attn_layers=[], pool=2)}, "tc")
     build_teacher_cache("mlm", tokens, base, cfg, "cpu", 16, 32, root / "mlm.zarr", cpu_threads=1)  # LM reads `length`
     rng = torch.Generator().manual_seed(0)

@@ -179,7 +179,7 @@ def test_attention_kl_needs_the_cached_probabilities(mlm):
     from distillpipe.train.objective import ObjectiveError, StudentDims
 
     spec = open_store(mlm["store"]).manifest.signals
-    dims = StudentDims(hidden=(32, 32), hidden_stride=1, attn_heads=(4, 4), embedding=0)
+    dims = StudentDims(hidden=(32, 32), hidden_stride=1, attn_heads=(4, 4), embedding=0, lm=False)
     Objective(_objective_cfg({"attn_kl": 1.0}), kind="mlm", signals=spec, dims=dims)  # the cache has L1, L2
     scores_only = dataclasses.replace(spec, attn_layers=(1, 2), attn_probs_layers=())
     with pytest.raises(ObjectiveError, match=r"attention probabilities of layers \[1, 2\].*attn_probs: true"):
