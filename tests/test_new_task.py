@@ -25,6 +25,7 @@ def tsv(path, n, seed):
     path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow  # ~1 min: a real DVC pipeline from prepare to report (make test-all runs it)
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 def test_new_task_runs_from_prepare_to_report(tmp_path):
     teacher = make_tiny_bert_dir(tmp_path / "tiny_teacher")
