@@ -44,6 +44,7 @@ from distillpipe.config.run import LoaderConfig
 from distillpipe.config.students import CMOWHybridConfig, HeadConfig, WaLDORfConfig
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.train import TrainRunConfig
+from distillpipe.data.collate import collate
 from distillpipe.data.schema import write_meta
 from distillpipe.evaluate.speed import measure_throughput, random_batch
 from distillpipe.evaluate.student import count_parameters
@@ -53,7 +54,7 @@ from distillpipe.students.base import TaskSpec
 from distillpipe.students.scan import prefix_products, tree_product
 from distillpipe.teacher.capture import CaptureRequest, capture_batch
 from distillpipe.teacher.load import load_teacher
-from distillpipe.train.data import Source, collate
+from distillpipe.train.data import Source
 from distillpipe.train.loop import param_groups, task_spec, train_student
 from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
 from distillpipe.train.schedule import build_schedule

@@ -13,7 +13,7 @@ from _dvc import DVC, env, out, sh, tiny_params, working_tree_repo, write_params
 from _tiny import make_tiny_bert_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
-POOLING = "src/distillpipe/teacher/pooling.py"
+POOLING = "src/distillpipe/pooling.py"
 
 
 def _store_files(repo, name="polarity"):
@@ -39,7 +39,7 @@ def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(t
     assert edited != source
     (repo / POOLING).write_text(edited)
     res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
-    assert "rebuilding the teacher cache" in res and "code.distillpipe/teacher/pooling.py: cache has" in res, res
+    assert "rebuilding the teacher cache" in res and "code.distillpipe/pooling.py: cache has" in res, res
     rebuilt = _store_files(repo)
     assert rebuilt.keys() == original.keys()
     changed = {k for k in original if rebuilt[k] != original[k]}

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from distillpipe.assets import tokenizer_sha256
 from distillpipe.config.base import build
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
-from distillpipe.teacher.finetune import FinetuneError, finetune_teacher
+from distillpipe.train.teacher_finetune import FinetuneError, finetune_teacher
 
 
 @pytest.fixture(scope="module")

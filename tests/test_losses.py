@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from distillpipe import losses
-from distillpipe.teacher.pooling import avg_pool_seq, max_pool_scores, pooled_mask
+from distillpipe.pooling import avg_pool_seq, max_pool_scores, pooled_mask
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -10,7 +10,7 @@ Conventions shared by every function:
 * ``mask`` arguments are bool, True on valid (real) positions. Masked entries never enter the
   arithmetic: they are selected away or filled with a finite value *before* any subtraction,
   exponent or product, so arbitrary values there (the teacher cache stores ``-inf`` at masked
-  attention entries, see :mod:`distillpipe.teacher.pooling`) change neither the value nor the
+  attention entries, see :mod:`distillpipe.pooling`) change neither the value nor the
   gradient, and gradients stay finite.
 * Means are over valid elements of the whole batch (token-weighted): rows with more valid
   positions weigh more. The papers write ``1/B sum_i MSE_i`` (a per-sequence mean first); the two
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from distillpipe.teacher.pooling import avg_pool_seq, max_pool_scores
+from distillpipe.pooling import avg_pool_seq, max_pool_scores
 
 NEG = torch.finfo(torch.float32).min
 """Fill for logits outside the valid positions of a masked softmax (float32 arithmetic)."""
@@ -285,7 +285,7 @@ def pool_student_hidden(h: torch.Tensor, mask: torch.Tensor, p: int) -> torch.Te
     """The teacher's hidden-state pooling applied to a student layer, WaLDORf eq. (3).
 
     ``h`` (B, L, d), ``mask`` (B, L) bool -> (B, ceil(L/p), d): each group of p positions averaged
-    over its valid positions (:func:`distillpipe.teacher.pooling.avg_pool_seq`, the very function
+    over its valid positions (:func:`distillpipe.pooling.avg_pool_seq`, the very function
     the teacher capture used). Validity of the result is ``pooled_mask(mask, p)``.
     """
     return avg_pool_seq(h, mask, p)[0]
@@ -296,7 +296,7 @@ def pool_student_scores(scores: torch.Tensor, mask: torch.Tensor, p: int) -> tor
 
     ``scores`` (B, H, L, L) pre-softmax, ``mask`` (B, L) bool -> (B, H, ceil(L/p), ceil(L/p)):
     max over the valid (query, key) pairs of each p x p block, ``-inf`` on blocks without one
-    (:func:`distillpipe.teacher.pooling.max_pool_scores`, not in place: the student's scores are
+    (:func:`distillpipe.pooling.max_pool_scores`, not in place: the student's scores are
     part of the graph). :func:`attn_score_mse` never lets those ``-inf`` into its arithmetic.
     """
     return max_pool_scores(scores, mask, p)[0]

@@ -11,9 +11,9 @@ from distillpipe import losses
 from distillpipe.config.base import build
 from distillpipe.config.run import ObjectiveConfig
 from distillpipe.config.students import ElmoConfig, HeadConfig
+from distillpipe.data.collate import collate
 from distillpipe.students import build_student
 from distillpipe.students.base import TaskSpec, freeze_for_tuning, set_input_vectors
-from distillpipe.train.data import collate
 from distillpipe.train.objective import Objective, probe_student
 
 V, E = 40, 6

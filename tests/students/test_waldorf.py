@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from distillpipe.config.base import ConfigError, build
 from distillpipe.config.students import HeadConfig, WaLDORfConfig
 from distillpipe.config.train import TrainRunConfig
+from distillpipe.pooling import pooled_mask
 from distillpipe.students.base import TaskSpec
 from distillpipe.students.waldorf import WaLDORf
-from distillpipe.teacher.pooling import pooled_mask
 
 VOCAB = 40
 

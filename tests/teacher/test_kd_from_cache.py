@@ -11,9 +11,9 @@ import pytest
 import torch
 from _teacher_tiny import live_forward, make_rows, manual_scores
 
+from distillpipe.pooling import avg_pool_seq, max_pool_scores
 from distillpipe.teacher.batching import collate
 from distillpipe.teacher.capture import CaptureRequest, capture_batch, to_host
-from distillpipe.teacher.pooling import avg_pool_seq, max_pool_scores
 
 T = 2.0
 P = 4

@@ -5,10 +5,10 @@ import torch
 from _teacher_tiny import live_forward
 
 from distillpipe.assets import AssetError
+from distillpipe.pooling import avg_pool_seq, max_pool_scores
 from distillpipe.teacher.batching import collate
 from distillpipe.teacher.capture import CaptureRequest, capture_batch
 from distillpipe.teacher.load import load_teacher
-from distillpipe.teacher.pooling import avg_pool_seq, max_pool_scores
 
 SENTENCES = ["The cat sat on the mat.",
              "Distillation compresses a large teacher into a small, fast student model for reading comprehension.",

@@ -14,11 +14,12 @@ from safetensors.torch import load_file
 from distillpipe.config.base import build
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
+from distillpipe.evaluate.teacher import score_mlm
 from distillpipe.store.reader import open_store
 from distillpipe.teacher.cache import build_teacher_cache
-from distillpipe.teacher.finetune import finetune_teacher
 from distillpipe.teacher.load import load_teacher
-from distillpipe.teacher.mlm_head import build_mlm_model, score_mlm
+from distillpipe.teacher.mlm_head import build_mlm_model
+from distillpipe.train.teacher_finetune import finetune_teacher
 
 
 def _tokens(root, base):

@@ -13,9 +13,9 @@ from distillpipe.config.finetune import FinetuneRunConfig
 from distillpipe.config.run import LoaderConfig
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.train import TrainRunConfig
+from distillpipe.data.collate import IGNORE, collate
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
-from distillpipe.train.data import IGNORE, collate
 from distillpipe.train.loop import train_student
 from distillpipe.train.objective import ObjectiveError
 

@@ -12,11 +12,11 @@ from distillpipe.config.run import LoaderConfig, ObjectiveConfig
 from distillpipe.config.students import MiniALBERTConfig
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.train import TrainRunConfig
+from distillpipe.data.collate import collate
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.teacher.cache import build_teacher_cache
-from distillpipe.train.data import collate
 from distillpipe.train.loop import train_student
 from distillpipe.train.objective import Objective, probe_student, store_names
 from distillpipe.train.schedule import AllOnes

@@ -23,14 +23,14 @@ from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.config.tokenize import TokenizeClassificationConfig, TokenizeConfig
 from distillpipe.config.train import TrainRunConfig
+from distillpipe.data.collate import IGNORE, collate
 from distillpipe.data.prepare import prepare_dataset
 from distillpipe.data.tokenize import tokenize_dataset
 from distillpipe.evaluate.run import evaluate_run
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
-from distillpipe.teacher.finetune import finetune_teacher
-from distillpipe.train.data import IGNORE, collate
 from distillpipe.train.loop import train_student
+from distillpipe.train.teacher_finetune import finetune_teacher
 
 WIDTH = 0.2
 

@@ -10,7 +10,7 @@ import typer
 from distillpipe.commands.base import CheckpointsOpt, ParamsOpt, entry_point, named_entry, user_errors
 from distillpipe.config.base import load_section
 from distillpipe.config.teacher_finetune import TeacherFinetuneConfig
-from distillpipe.teacher.finetune import finetune_teacher
+from distillpipe.train.teacher_finetune import finetune_teacher
 
 
 @user_errors

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from distillpipe.assets import tokenizer_sha256
 from distillpipe.config.word_vectors import LocalVectorsConfig, TrainedVectorsConfig
+from distillpipe.data.tokenize import load_tokenizer
 from distillpipe.data.word_vectors import META_FILE, TABLE_FILE, WordVectorsError, table_fingerprint
 
 log = logging.getLogger(__name__)
@@ -84,9 +86,6 @@ def build_table(kv: Any, strings: list[str | None]) -> np.ndarray:
 def make_word_vectors(name: str, cfg: TrainedVectorsConfig | LocalVectorsConfig, tokenizer_spec: str,
                       out_dir: str | Path, corpus_dir: str | Path | None = None) -> WordVectorsSummary:
     """Build table ``name`` for the tokenizer ``tokenizer_spec`` and write it atomically to ``out_dir``."""
-    from distillpipe.assets import tokenizer_sha256
-    from distillpipe.data.tokenize import load_tokenizer
-
     t0 = time.time()
     tok, model_dir = load_tokenizer(tokenizer_spec)
     strings = token_strings(tok)

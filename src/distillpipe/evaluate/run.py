@@ -26,9 +26,9 @@ from distillpipe.config.evaluate import EvaluateConfig, EvaluateRunConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.scoring import Scored
 from distillpipe.evaluate.student import count_parameters, primary_metric, score_student
+from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.runtime import resolve_device
 from distillpipe.students import load_student
-from distillpipe.teacher.finetune import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.teacher.load import load_teacher
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from distillpipe.data.batching import length_batches
+from distillpipe.data.collate import IGNORE, collate
 from distillpipe.evaluate.scoring import Scored, example_ids, score_classification, score_qa
 from distillpipe.runtime import autocast
-from distillpipe.train.data import IGNORE, collate
 
 
 def primary_metric(kind: str, dataset_meta: dict, lm: bool = False) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 
 from distillpipe.config.augment import AugmentConfig
 from distillpipe.data import schema
+from distillpipe.data.sources.base import rows_to_dataset
 from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
 from distillpipe.progress import Progress
 from distillpipe.qg import QgError
@@ -397,8 +398,6 @@ def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, q
 def _write_dataset(rows: list[dict], meta: dict, out_dir: Path) -> None:
     """``DatasetDict({"train": rows})`` + meta.json, written beside ``out_dir`` and renamed into place."""
     from datasets import DatasetDict
-
-    from distillpipe.data.sources.base import rows_to_dataset
 
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
     old = out_dir.with_name(f".{out_dir.name}.old")

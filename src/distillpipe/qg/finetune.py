@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from distillpipe.assets import resolve_model, tokenizer_sha256, weights_sha256
+from distillpipe.checkpoints import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.config.decoding import GreedyDecodingConfig
 from distillpipe.config.qg_finetune import QgFinetuneConfig, QgPretrainedModelConfig, QgScratchModelConfig
 from distillpipe.data.batching import length_batches, pad_sequences
@@ -38,7 +39,6 @@ from distillpipe.qg.generate import decoding_kwargs, generate_questions
 from distillpipe.qg.model import QG_META, build_scratch_t5, load_pretrained_t5, source_text
 from distillpipe.qg.vocab import SPM_FILE, load_spm_tokenizer, train_sentencepiece
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
-from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1

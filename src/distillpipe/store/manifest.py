@@ -20,7 +20,7 @@ completed_shards       sorted shard indices known complete (progress, not identi
 =====================  ==========================================================================
 
 Identity vs progress: a stale cache must never be used silently, so the writer compares every
-*identity* field and rebuilds on any difference, naming it (``code.distillpipe/teacher/pooling.py: cache
+*identity* field and rebuilds on any difference, naming it (``code.distillpipe/pooling.py: cache
 has 1a2b…, expected 3c4d…``). Progress (``completed_shards``) and provenance (``code_version``) are not
 compared. Readers (student training) compare only the fields they name (teacher, tokens, split): a
 store built by other code is still the teacher's outputs on those tokens, and training code differs

@@ -28,7 +28,7 @@ Masking and fill conventions (the store's fill values, ``store.schema``): a row'
 depend on how much padding its batch has. ``hidden`` groups without a real token, ``embeddings``
 and ``start/end_logits`` at padding, ``attn_probs`` of padded queries and keys: 0.
 ``attn_scores``: max over real (query, key) pairs only; blocks without one are
-:data:`~distillpipe.teacher.pooling.SCORE_MASKED` (-inf); with p = 1 every padded query or key
+:data:`~distillpipe.pooling.SCORE_MASKED` (-inf); with p = 1 every padded query or key
 entry is -inf. MLM slots beyond a row's masked count: ``positions`` -1, ids/logits/logsumexp 0.
 
 Dtypes: float16 for every float signal (the store has no bfloat16) except ``mlm/logsumexp``
@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from distillpipe.pooling import SCORE_MASKED, avg_pool_seq, max_pool_scores, n_groups
 from distillpipe.runtime import autocast
-from distillpipe.teacher.pooling import SCORE_MASKED, avg_pool_seq, max_pool_scores, n_groups
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,12 @@ logits of a 30k vocabulary would cost T/M (~7x) more for nothing.
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from distillpipe.data.batching import collate_tokens, length_batches, pad_sequences
-from distillpipe.evaluate.scoring import Scored
+from distillpipe.data.batching import collate_tokens, pad_sequences
 from distillpipe.runtime import autocast
 
 log = logging.getLogger(__name__)
@@ -89,28 +86,3 @@ def mlm_loss(model: nn.Module, rows: dict[str, list], pad_id: int, device: torch
     with autocast(device):
         logits = masked_logits(model, inputs, positions, valid)
     return nn.functional.cross_entropy(logits.float(), labels)
-
-
-@torch.inference_mode()
-def score_mlm(model: nn.Module, rows, pad_id: int, device: torch.device, batch_size: int) -> Scored:
-    """Masked-token accuracy, mean cross-entropy and perplexity (exp of it) at the static masks of ``rows``, and
-    ``top<k>_mass``: the mean probability the k most likely tokens hold (for k in :data:`TOPK_MASS`)."""
-    was = model.training
-    model.eval()
-    cols = rows.select_columns(COLUMNS)
-    loss_sum, correct, count = 0.0, 0, 0
-    mass = dict.fromkeys(TOPK_MASS, 0.0)
-    for idx in length_batches(np.asarray(rows["length"]), batch_size):
-        inputs, positions, valid, labels = mlm_batch(cols[idx.tolist()], pad_id, device)
-        with autocast(device):
-            logits = masked_logits(model, inputs, positions, valid).float()
-        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
-        correct += int((logits.argmax(-1) == labels).sum())
-        count += int(labels.numel())
-        top = logits.softmax(-1).topk(min(max(TOPK_MASS), logits.shape[-1]), dim=-1).values.cumsum(-1)  # (n, K)
-        for k in TOPK_MASS:
-            mass[k] += float(top[:, min(k, top.shape[-1]) - 1].sum())
-    model.train(was)
-    loss = loss_sum / max(count, 1)
-    return Scored({"mlm_accuracy": correct / max(count, 1), "mlm_loss": loss, "perplexity": math.exp(loss),
-                   "masked_tokens": count, **{f"top{k}_mass": v / max(count, 1) for k, v in mass.items()}})

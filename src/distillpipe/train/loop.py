@@ -48,9 +48,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from distillpipe.checkpoints import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.config.finetune import FinetuneRunConfig
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
+from distillpipe.data.collate import TrainDataError, collate
 from distillpipe.data.schema import read_meta
 from distillpipe.data.word_vectors import load_table
 from distillpipe.evaluate.student import evaluate_student, primary_metric
@@ -61,8 +63,7 @@ from distillpipe.scale.ddp import ProcessGroup, join, leave
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student, save_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
-from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
-from distillpipe.train.data import Mixture, Source, TrainDataError, collate
+from distillpipe.train.data import Mixture, Source
 from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
 from distillpipe.train.schedule import Schedule, build_schedule
 

@@ -20,12 +20,11 @@ from torch import nn
 
 from distillpipe import losses
 from distillpipe.config.run import ObjectiveConfig
+from distillpipe.data.collate import IGNORE
 from distillpipe.errors import UserError
+from distillpipe.pooling import pooled_mask
 from distillpipe.store.schema import SignalSpec
 from distillpipe.students.base import StudentOutput
-from distillpipe.teacher.pooling import pooled_mask
-
-from .data import IGNORE
 
 
 class ObjectiveError(UserError, ValueError):

@@ -1,4 +1,4 @@
-"""Teacher fine-tuning (the ``teacher_finetune`` stage).
+"""Teacher fine-tuning (the ``teacher_finetune`` stage); it is scored by :mod:`distillpipe.evaluate.teacher`.
 
 ``finetune_teacher`` fine-tunes an imported teacher on a tokenized task: classification, regression
 cast to classification by bins (CMOW paper, after Raffel et al.: STS-B in 0.2 bins), extractive QA
@@ -24,22 +24,19 @@ import numpy as np
 import torch
 
 from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
+from distillpipe.checkpoints import clear_checkpoints, load_latest, save_checkpoint
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
-from distillpipe.evaluate.scoring import Scored, example_ids, score_classification, score_qa
+from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.identity import code_digests, json_sha256
 from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
-from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss, score_mlm
-from distillpipe.train.checkpoint import clear_checkpoints, load_latest, save_checkpoint
+from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss
 
 log = logging.getLogger(__name__)
-METRICS_FILE = "metrics.json"
-PREDICTIONS_FILE = "predictions.json"
-"""Per-example records of the scored splits (evaluate/scoring.py), for the report's intervals and paired tests."""
 
 
 class FinetuneError(UserError, ValueError):
@@ -149,7 +146,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     # else starts over, saying so.
     run_id = json_sha256({"cfg": dataclasses.asdict(cfg), "tokens": meta["fingerprint"],
                           "base": weights_sha256(base_dir), "task": task,
-                          "code": code_digests(["distillpipe.teacher.finetune"]), "device": dev_device.type})
+                          "code": code_digests(["distillpipe.train.teacher_finetune"]), "device": dev_device.type})
     epoch, step_in_epoch, step = 0, 0, 0
     state = load_latest(ckpt_dir)
     if state is not None and state.get("run_id") != run_id:
@@ -221,51 +218,6 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     metrics_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     clear_checkpoints(ckpt_dir)  # the model is saved: a resume point is no longer needed (and may be GBs)
     return FinetuneSummary(task, len(train), step, time.time() - t0, metrics)
-
-
-@torch.inference_mode()
-def predict(model, rows, pad_id: int, device: torch.device, batch_size: int) -> tuple[np.ndarray, ...]:
-    """Run ``model`` over token rows (length-bucketed), returning outputs in row order."""
-    was_training = model.training
-    model.eval()
-    order = length_batches(np.asarray(rows["length"]), batch_size)
-    outs: list[list[np.ndarray]] = []
-    cols = rows.select_columns(["input_ids", "token_type_ids"])
-    for idx in order:
-        inputs = {k: v.to(device) for k, v in collate_tokens(cols[idx.tolist()], pad_id).items()}
-        with autocast(device):
-            out = model(**inputs)
-        parts = [out.start_logits, out.end_logits] if hasattr(out, "start_logits") else [out.logits]
-        for i, t in enumerate(parts):
-            t = t.float().cpu().numpy()  # (B, C) or (B, T)
-            if len(outs) <= i:
-                outs.append([None] * len(rows))
-            for j, r in enumerate(idx):
-                outs[i][r] = t[j]
-    model.train(was_training)
-    return tuple(outs)
-
-
-def score_teacher(model, rows, task_type: str, pad_id: int, device: torch.device, batch_size: int,
-                  bin_width: float | None, prepared_dir: str | Path, split: str = "dev",
-                  threshold: float | None = None) -> Scored:
-    """Scores and per-example records of a fine-tuned teacher on the token ``rows`` of ``split``, by the code that
-    scores students (:mod:`distillpipe.evaluate.scoring`): QA from ``prepared_dir``'s examples, the no-answer
-    ``threshold`` tuned on these rows when None (pass dev's when scoring test); regression by the expected value
-    over the bins."""
-    if task_type == "corpus":
-        return score_mlm(model, rows, pad_id, device, batch_size)
-    outs = predict(model, rows, pad_id, device, batch_size)
-    if task_type == "qa":
-        from datasets import load_from_disk
-
-        examples = load_from_disk(str(prepared_dir))[split]
-        lengths = rows["length"]
-        starts = [s[:n] for s, n in zip(outs[0], lengths)]
-        ends = [e[:n] for e, n in zip(outs[1], lengths)]
-        return score_qa(examples, rows.select_columns(["example_id", "offset_mapping"]), starts, ends, threshold)
-    return score_classification(example_ids(rows), rows["label"], np.stack(outs[0]),
-                                bin_width if task_type == "regression" else None)
 
 
 def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any], predictions: dict[str, Any]) -> None:

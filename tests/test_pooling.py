@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from distillpipe.teacher.pooling import SCORE_MASKED, avg_pool_seq, max_pool_scores, pooled_mask
+from distillpipe.pooling import SCORE_MASKED, avg_pool_seq, max_pool_scores, pooled_mask
 
 
 def naive_avg_pool(h, mask, p):
