@@ -1,9 +1,9 @@
 """The ``tokenize`` stage: prepared datasets -> teacher-tokenized rows (the ``Tokens`` format).
 
 Owns the entry point :func:`tokenize_dataset`, tokenizer loading, the tokens fingerprint (a content
-digest) that the teacher cache checks, the classification encodings (joint ``[CLS] a [SEP] b [SEP]`` and separate
-``[CLS] x [SEP]`` for DiffCat) and the Arrow writing. MLM packing and static masking live in
-:mod:`distillpipe.data.masking`, QA windows in :mod:`distillpipe.data.qa_windows`.
+digest) that the teacher cache checks, and the Arrow writing. The rows of each kind are encoded by
+:mod:`distillpipe.data.classification` (joint ``[CLS] a [SEP] b [SEP]`` and separate ``[CLS] x [SEP]`` for
+DiffCat), :mod:`distillpipe.data.masking` (MLM packing and static masking) and :mod:`distillpipe.data.qa_windows`.
 
 Splits are written batch by batch as Arrow streams (memory stays bounded by one batch), then saved
 with ``DatasetDict.save_to_disk`` into a temporary folder beside ``out_dir`` that is renamed into
@@ -31,6 +31,7 @@ from distillpipe.config.tokenize import (
     TokenizeQAConfig,
 )
 from distillpipe.data import schema
+from distillpipe.data.classification import classification_columns
 from distillpipe.data.masking import MaskingSpec, masked_rows, pack_blocks
 from distillpipe.data.qa_windows import check_lengths, qa_window_columns
 from distillpipe.errors import UserError
@@ -347,49 +348,6 @@ def _distinct_lengths(cols: dict[str, list]) -> list[int]:
     if "view" in cols:
         return [n for n, v in zip(cols["length"], cols["view"]) if v == 0]
     return cols["length"]
-
-
-# --------------------------------------------------------------------------------------------
-# classification
-# --------------------------------------------------------------------------------------------
-
-
-def classification_columns(tok: Any, batch: dict[str, list], pair: bool, max_seq_len: int
-                           ) -> tuple[dict[str, list], dict[str, int]]:
-    """Joint ``[CLS] a [SEP] b [SEP]`` (longest-first truncation) and separate ``[CLS] a [SEP]``,
-    ``[CLS] b [SEP]`` encodings, each of at most ``max_seq_len`` tokens, with truncation counts."""
-    a_ids, full_a, n_a = _encode_single(tok, batch["text_a"], max_seq_len)
-    n = len(a_ids)
-    counts = {"truncated_a": n_a}
-    if pair:
-        b_ids, full_b, n_b = _encode_single(tok, batch["text_b"], max_seq_len)
-        joint = tok(batch["text_a"], batch["text_b"], truncation="longest_first", max_length=max_seq_len,
-                    return_token_type_ids=True, return_attention_mask=False)
-        input_ids, type_ids = joint["input_ids"], joint["token_type_ids"]
-        s1, s2 = tok.num_special_tokens_to_add(pair=False), tok.num_special_tokens_to_add(pair=True)
-        counts["truncated_b"] = n_b
-        counts["truncated"] = sum((la - s1) + (lb - s1) + s2 > max_seq_len for la, lb in zip(full_a, full_b))
-    else:
-        b_ids = [np.zeros(0, dtype=np.int32)] * n
-        input_ids, type_ids = a_ids, [np.zeros(len(x), dtype=np.int8) for x in a_ids]
-        counts["truncated"] = n_a
-    cols = {"input_ids": input_ids, "token_type_ids": type_ids, "length": [len(x) for x in input_ids],
-            "example_id": batch["id"], "label": batch["label"], "a_input_ids": a_ids, "b_input_ids": b_ids}
-    return cols, counts
-
-
-def _encode_single(tok: Any, texts: list[str], max_seq_len: int) -> tuple[list, list[int], int]:
-    """``[CLS] x [SEP]`` per text, truncated to ``max_seq_len``; also the untruncated lengths and the
-    number truncated (only the over-long texts are encoded a second time)."""
-    ids = tok(texts, return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
-    full = [len(x) for x in ids]
-    long = [i for i, n in enumerate(full) if n > max_seq_len]
-    if long:
-        cut = tok([texts[i] for i in long], truncation=True, max_length=max_seq_len,
-                  return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-        for i, x in zip(long, cut):
-            ids[i] = x
-    return ids, full, len(long)
 
 
 # --------------------------------------------------------------------------------------------
