@@ -52,7 +52,7 @@ def measure(args: dict) -> dict:
     from distillpipe.runtime import adamw, autocast
     from distillpipe.students import build_student
     from distillpipe.students.base import TaskSpec, set_input_vectors
-    from distillpipe.train.loop import Trainable, param_groups
+    from distillpipe.train.build import Trainable, param_groups
     from distillpipe.train.objective import Objective, StudentDims
 
     torch.set_num_threads(args["threads"])

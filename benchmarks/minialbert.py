@@ -2,7 +2,7 @@
 side in one run (machines are noisy), with the trainable parameter counts. Paper (sec. 5): adapter tuning is
 "nearly 30% faster" than full fine-tuning; Table 1: 0.9M tunable parameters.
 
-Both runs are built by the training loop itself (``train.loop.build_run``: ``freeze_for_tuning``, the optimizer over
+Both runs are built by the training loop itself (``train.build.build_run``: ``freeze_for_tuning``, the optimizer over
 the trainable parameters, the teacher-cache loader) and stepped with ``train.loop.train_step`` (collate, forward,
 loss, backward, clip, AdamW step), alternating ``--steps`` steps of one and of the other for ``--repeats`` rounds;
 the median steps/s of each is reported. Adapters still need the backward pass through every iteration (they sit
@@ -42,7 +42,8 @@ from distillpipe.config.run import LoaderConfig
 from distillpipe.config.students import MiniALBERTConfig
 from distillpipe.config.train import TrainConfig
 from distillpipe.runtime import resolve_device
-from distillpipe.train.loop import TrainingRun, build_run, train_step
+from distillpipe.train.build import TrainingRun, build_run
+from distillpipe.train.loop import train_step
 
 PAPER = {"student": "minialbert", "d_model": 768, "n_heads": 12, "d_ff": 3072, "n_iterations": 6, "adapter_size": 48,
          "max_position_embeddings": 512, "dropout": 0.1, "init_std": 0.02}

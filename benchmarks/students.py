@@ -54,8 +54,9 @@ from distillpipe.students.base import TaskSpec
 from distillpipe.students.scan import prefix_products, tree_product
 from distillpipe.teacher.capture import CaptureRequest, capture_batch
 from distillpipe.teacher.load import load_teacher
+from distillpipe.train.build import param_groups, task_spec
 from distillpipe.train.data import Source
-from distillpipe.train.loop import param_groups, task_spec, train_student
+from distillpipe.train.loop import train_student
 from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
 from distillpipe.train.schedule import build_schedule
 
