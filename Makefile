@@ -31,7 +31,7 @@ test-all: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest -m ""
 
 bench: setup
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -28,13 +28,13 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import argparse
 import multiprocessing as mp
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from store_loader import synthetic
 
 OUTPUTS = {"continuous": "ELMo-C", "adaptive": "ELMo-A", "subword": "ELMo-Sub"}
 
@@ -114,9 +114,6 @@ def measure(args: dict) -> dict:
 
 def lookup_vs_store(device: torch.device, n_rows: int, seq_len: int, d_input: int, vocab: int) -> None:
     """One epoch's input vectors: gathered from the (V, e) table vs read per token from a store."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from store_loader import synthetic
-
     from distillpipe.store.loader import BlockLoader
     from distillpipe.store.manifest import Manifest, TeacherInfo
     from distillpipe.store.schema import SignalSpec, array_layout

@@ -15,6 +15,7 @@ Usage: python benchmarks/scale.py [--rows 1024] [--shard-rows 128] [--train-rows
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -25,12 +26,15 @@ from pathlib import Path
 
 import torch
 from teacher_cache import SIGNALS, make_tokens
+from transformers import BertConfig, BertModel
 
 from distillpipe.assets import resolve_model
 from distillpipe.config.base import build
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.scale.machine import load_machine
+from distillpipe.store.schema import SignalSpec
 from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.teacher.capture import capture_batch
 
 CORES = os.cpu_count() or 1
 
@@ -75,10 +79,21 @@ def cache_rates(tmp: Path, rows: int, shard_rows: int) -> None:
           f"= {(one / base_s - 1) * 100:+.1f}% of in-process (goal <= 5%)")
 
 
-def ddp_step_time(tmp: Path, train_rows: int) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from _tiny import make_classification_tokens, make_tiny_bert_dir, signals, write_params
+def _tests_tiny():
+    """The tests' tiny-teacher fixtures (tests/_tiny.py), loaded from their file. Deliberately the tests' own: the
+    DDP step time is measured on the teacher and task the DDP tests train, and a copy here would drift from them.
+    Loaded by path, not by adding tests/ to sys.path, so nothing else this script imports can resolve there."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "_tiny.py"
+    spec = importlib.util.spec_from_file_location("_tiny", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
+
+def ddp_step_time(tmp: Path, train_rows: int) -> None:
+    tiny = _tests_tiny()
+    make_classification_tokens, make_tiny_bert_dir = tiny.make_classification_tokens, tiny.make_tiny_bert_dir
+    signals, write_params = tiny.signals, tiny.write_params
     clf = make_tiny_bert_dir(tmp / "clf", num_labels=2, seed=1)
     tokens = make_classification_tokens(tmp / "cls", clf, n_train=train_rows, n_dev=64)
     cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "classification", "split": "train",
@@ -120,17 +135,14 @@ def bert_large_cuda() -> None:
     if not torch.cuda.is_available():
         print("4. BERT-Large-shaped caching on CUDA: skipped (no CUDA device here)")
         return
-    from transformers import BertConfig, BertModel
-
-    from distillpipe.teacher.capture import CaptureRequest, capture_batch
-
     device = torch.device("cuda")
     model = BertModel(BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                                  intermediate_size=4096, max_position_embeddings=512),
                       attn_implementation="sdpa").eval().to(device)
     layers = (6, 12, 18, 24)
-    request = CaptureRequest(logits=False, mlm_topk=0, hidden_layers=layers, attn_layers=layers, attn_probs_layers=(),
-                             pool=4, embeddings=False)
+    spec = SignalSpec(max_seq_len=384, pool=4, task="none", n_classes=0, vocab_size=model.config.vocab_size,
+                      mlm_topk=0, mlm_max_masked=0, hidden_layers=layers, hidden_size=1024, attn_layers=layers,
+                      n_heads=16, attn_probs_layers=(), embedding_size=0)
     batch = {"input_ids": torch.randint(1000, 29000, (64, 384), device=device),
              "token_type_ids": torch.zeros(64, 384, dtype=torch.long, device=device),
              "attention_mask": torch.ones(64, 384, dtype=torch.long, device=device)}
@@ -146,7 +158,7 @@ def bert_large_cuda() -> None:
 
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
         bare = rate(lambda: model(**batch))
-        cached = rate(lambda: capture_batch(model, batch, request, seq_len=384))
+        cached = rate(lambda: capture_batch(model, batch, spec, seq_len=384))
     print(f"4. BERT-Large L 384 on {torch.cuda.get_device_name()}: capture {cached:.0f} seq/s vs bare forward "
           f"{bare:.0f} seq/s -> {cached / bare:.2f} (goal >= 0.95); {cached / 3200:.2f} of ~3,200 seq/s")
 

@@ -102,3 +102,21 @@ def manual_scores(model, hidden_states, j: int) -> torch.Tensor:
         q = torch.nn.functional.linear(h, attn.query.weight, attn.query.bias).reshape(B, L, H, dh)
         k = torch.nn.functional.linear(h, attn.key.weight, attn.key.bias).reshape(B, L, H, dh)
         return torch.einsum("bqhd,bkhd->bhqk", q, k) / dh ** 0.5
+
+
+def spec_for(model, *, task: str = "none", mlm_topk: int = 0, hidden_layers=(), attn_layers=(),
+             attn_probs_layers=(), pool: int = 1, embeddings: bool = False, max_seq_len: int | None = None,
+             mlm_max_masked: int | None = None):
+    """A SignalSpec selecting these signals, with ``model``'s real sizes (hidden size, heads, vocabulary, classes),
+    as :func:`distillpipe.teacher.cache.signal_spec` would build it for this teacher. ``max_seq_len`` defaults to
+    the model's position limit and ``mlm_max_masked`` to ``max_seq_len``: the capture pads to neither unless
+    asked (``seq_len``/``max_masked``)."""
+    from distillpipe.store.schema import SignalSpec
+
+    mc = model.config
+    L = max_seq_len or mc.max_position_embeddings
+    return SignalSpec(max_seq_len=L, pool=pool, task=task, n_classes=mc.num_labels if task == "classification" else 0,
+                      vocab_size=mc.vocab_size, mlm_topk=mlm_topk,
+                      mlm_max_masked=(mlm_max_masked or L) if mlm_topk else 0, hidden_layers=tuple(hidden_layers),
+                      hidden_size=mc.hidden_size, attn_layers=tuple(attn_layers), n_heads=mc.num_attention_heads,
+                      attn_probs_layers=tuple(attn_probs_layers), embedding_size=mc.hidden_size if embeddings else 0)

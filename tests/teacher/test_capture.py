@@ -1,25 +1,21 @@
 """Signal capture on tiny random BERTs, checked against the teacher's own outputs and manual math."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
-from _teacher_tiny import N_LAYERS, live_forward, make_rows, manual_scores, tiny_model
+from _teacher_tiny import N_LAYERS, live_forward, make_rows, manual_scores, spec_for, tiny_model
 
+from distillpipe.pooling import SCORE_MASKED
+from distillpipe.store.schema import SignalSpec
 from distillpipe.teacher import capture as capture_mod
 from distillpipe.teacher.batching import collate
-from distillpipe.teacher.capture import CaptureRequest, capture_batch, signal_names
+from distillpipe.teacher.capture import capture_batch, signal_names
 
 ALL = tuple(range(1, N_LAYERS + 1))
 F16 = dict(rtol=2e-3, atol=2e-3)  # float16 storage of O(1) values
-
-
-def request(**over):
-    kw = dict(logits=False, mlm_topk=0, hidden_layers=(), attn_layers=(), attn_probs_layers=(), pool=1,
-              embeddings=False)
-    kw.update(over)
-    return CaptureRequest(**kw)
 
 
 def hook_counts(model):
@@ -34,7 +30,7 @@ def batch():
 
 def test_scores_equal_manual_qk_recomputation(tiny_teachers, batch):
     model = tiny_teachers["base"]
-    out = capture_batch(model, batch, request(attn_layers=ALL))
+    out = capture_batch(model, batch, spec_for(model, attn_layers=ALL))
     live = live_forward(model, batch)
     mask = batch["attention_mask"].bool()
     pair = (mask[:, :, None] & mask[:, None, :])[:, None].expand(-1, model.config.num_attention_heads, -1, -1)
@@ -48,7 +44,7 @@ def test_scores_equal_manual_qk_recomputation(tiny_teachers, batch):
 
 def test_softmax_of_scores_equals_eager_attentions(tiny_teachers, batch):
     model = tiny_teachers["base"]
-    out = capture_batch(model, batch, request(attn_layers=ALL, attn_probs_layers=(2, 4)))
+    out = capture_batch(model, batch, spec_for(model, attn_layers=ALL, attn_probs_layers=(2, 4)))
     live = live_forward(model, batch)
     q_valid = batch["attention_mask"].bool()[:, None, :, None]  # (B, 1, L, 1)
     for j in ALL:
@@ -64,8 +60,8 @@ def test_hidden_and_embeddings_equal_output_hidden_states(tiny_teachers, batch):
     model = tiny_teachers["base"]
     live = live_forward(model, batch)
     mask = batch["attention_mask"].bool()
-    out1 = capture_batch(model, batch, request(hidden_layers=(0, *ALL), embeddings=True))
-    out4 = capture_batch(model, batch, request(hidden_layers=(0, *ALL), pool=4))
+    out1 = capture_batch(model, batch, spec_for(model, hidden_layers=(0, *ALL), embeddings=True))
+    out4 = capture_batch(model, batch, spec_for(model, hidden_layers=(0, *ALL), pool=4))
     torch.testing.assert_close(out1["embeddings"][mask].float(), live.hidden_states[0][mask], **F16)
     for j in (0, *ALL):
         ref = live.hidden_states[j]
@@ -83,11 +79,11 @@ def test_hidden_and_embeddings_equal_output_hidden_states(tiny_teachers, batch):
 def test_task_logits(tiny_teachers, batch):
     mask = batch["attention_mask"].bool()
     cls = tiny_teachers["classification"]
-    out = capture_batch(cls, batch, request(logits=True))
+    out = capture_batch(cls, batch, spec_for(cls, task="classification"))
     torch.testing.assert_close(out["logits"].float(), live_forward(cls, batch).logits, **F16)
     assert out["logits"].shape == (4, 3)
     qa = tiny_teachers["qa"]
-    out = capture_batch(qa, batch, request(logits=True, hidden_layers=(N_LAYERS,)))
+    out = capture_batch(qa, batch, spec_for(qa, task="qa", hidden_layers=(N_LAYERS,)))
     live = live_forward(qa, batch)
     for name in ("start_logits", "end_logits"):
         torch.testing.assert_close(out[name][mask].float(), getattr(live, name)[mask], **F16)
@@ -100,7 +96,7 @@ def test_mlm_topk_and_logsumexp_at_masked_positions(tiny_teachers):
     rows = make_rows([14, 9, 6], seed=3, n_masked=[3, 1, 0])
     batch = collate(rows, pad_id=0)
     k = 7
-    out = capture_batch(model, batch, request(mlm_topk=k))
+    out = capture_batch(model, batch, spec_for(model, mlm_topk=k))
     full = live_forward(model, batch).logits  # (B, L, V): the reference the capture avoids computing
     M = 3
     assert out["mlm/topk_ids"].shape == (3, M, k) and out["mlm/topk_ids"].dtype == torch.int32
@@ -124,11 +120,11 @@ def test_row_signals_do_not_depend_on_batch_padding(tiny_teachers, kind):
     model = tiny_teachers[kind]
     mlm = kind == "mlm"
     rows = make_rows([6, 17, 11], seed=5, n_masked=[2, 5, 3] if mlm else None)
-    req = request(logits=not mlm, mlm_topk=5 if mlm else 0, hidden_layers=(0, 2, 4), attn_layers=(1, 3),
-                  attn_probs_layers=(3,), pool=4, embeddings=True)
-    alone = capture_batch(model, collate(rows[:1], 0), req, seq_len=20, max_masked=6)
-    padded = capture_batch(model, collate(rows, 0), req, seq_len=20, max_masked=6)
-    assert alone.keys() == padded.keys() == set(signal_names(req, kind))
+    spec = spec_for(model, task="none" if mlm else kind, mlm_topk=5 if mlm else 0, hidden_layers=(0, 2, 4),
+                    attn_layers=(1, 3), attn_probs_layers=(3,), pool=4, embeddings=True)
+    alone = capture_batch(model, collate(rows[:1], 0), spec, seq_len=20, max_masked=6)
+    padded = capture_batch(model, collate(rows, 0), spec, seq_len=20, max_masked=6)
+    assert alone.keys() == padded.keys() == set(signal_names(spec))
     for name in alone:
         a, b = alone[name][0], padded[name][0]
         assert a.shape == b.shape, name
@@ -141,7 +137,7 @@ def test_row_signals_do_not_depend_on_batch_padding(tiny_teachers, kind):
 def test_teacher_in_train_mode_is_refused(batch):
     model = tiny_model("base").train()
     with pytest.raises(AssertionError, match="eval"):
-        capture_batch(model, batch, request(hidden_layers=(1,)))
+        capture_batch(model, batch, spec_for(model, hidden_layers=(1,)))
 
 
 def test_only_selected_layers_are_captured(tiny_teachers, batch, monkeypatch):
@@ -159,8 +155,8 @@ def test_only_selected_layers_are_captured(tiny_teachers, batch, monkeypatch):
     layers = model.encoder.layer
     spy = [layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i + 1)) for i, layer in enumerate(layers)]
     try:
-        req = request(hidden_layers=(1,), attn_layers=(2,), attn_probs_layers=(2,), pool=2)
-        out = capture_batch(model, batch, req)
+        out = capture_batch(model, batch, spec_for(model, hidden_layers=(1,), attn_layers=(2,), attn_probs_layers=(2,),
+                                                   pool=2))
     finally:
         for h in spy:
             h.remove()
@@ -175,7 +171,7 @@ def test_hooks_are_removed_when_the_forward_fails(batch):
     hooks_before = hook_counts(model)
     bad = dict(batch, token_type_ids=torch.full_like(batch["token_type_ids"], 7))  # type vocab is 2
     with pytest.raises(IndexError):
-        capture_batch(model, bad, request(hidden_layers=(1,), attn_layers=(1, 2)))
+        capture_batch(model, bad, spec_for(model, hidden_layers=(1,), attn_layers=(1, 2)))
     assert hook_counts(model) == hooks_before
 
 
@@ -185,52 +181,69 @@ def test_hooks_do_not_depend_on_the_attention_kernel(tiny_teachers, batch):
     sdpa = tiny_model("base", attn_implementation="sdpa")
     sdpa.load_state_dict(eager.state_dict())
     assert sdpa.config._attn_implementation == "sdpa"
-    req = request(hidden_layers=(4,), attn_layers=ALL, pool=4)
-    a, b = capture_batch(eager, batch, req), capture_batch(sdpa, batch, req)
+    spec = spec_for(eager, hidden_layers=(4,), attn_layers=ALL, pool=4)
+    a, b = capture_batch(eager, batch, spec), capture_batch(sdpa, batch, spec)
     for name in a:
         torch.testing.assert_close(a[name].float(), b[name].float(), rtol=1e-3, atol=1e-3, msg=name)
 
 
-def test_requests_the_teacher_cannot_serve_are_refused(tiny_teachers, batch):
+def test_specs_the_teacher_cannot_serve_are_refused(tiny_teachers, batch):
     base = tiny_teachers["base"]
     with pytest.raises(ValueError, match="no MLM head"):
-        capture_batch(base, batch, request(mlm_topk=5))
+        capture_batch(base, batch, spec_for(base, mlm_topk=5))
     with pytest.raises(ValueError, match="task logits"):
-        capture_batch(base, batch, request(logits=True))
+        capture_batch(base, batch, spec_for(base, task="classification"))
+    with pytest.raises(ValueError, match="task logits"):
+        capture_batch(tiny_teachers["qa"], batch, spec_for(tiny_teachers["qa"], task="classification"))
     with pytest.raises(ValueError, match="only 4 layers"):
-        capture_batch(base, batch, request(attn_layers=(5,)))
-    with pytest.raises(ValueError, match=">= 1"):
-        request(attn_layers=(0,))
+        capture_batch(base, batch, spec_for(base, attn_layers=(5,)))
+    with pytest.raises(ValueError, match="layer 0"):
+        capture_batch(base, batch, spec_for(base, attn_layers=(0,)))
     with pytest.raises(ValueError, match="strictly increasing"):
-        request(hidden_layers=(3, 1))
+        spec_for(base, hidden_layers=(3, 1))
     with pytest.raises(ValueError, match="no signal"):
-        request()
+        capture_batch(base, batch, spec_for(base))
     with pytest.raises(ValueError, match="does not fit"):
-        capture_batch(base, batch, request(hidden_layers=(1,)), seq_len=8)
+        capture_batch(base, batch, spec_for(base, hidden_layers=(1,)), seq_len=8)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 64), ("n_heads", 8), ("vocab_size", 101),
+                                          ("n_classes", 2), ("embedding_size", 16)])
+def test_a_spec_of_another_teacher_is_refused(tiny_teachers, batch, field, value):
+    """A spec whose sizes are not the model's would give a store whose shapes lie about its teacher."""
+    model = tiny_teachers["classification"]
+    right = spec_for(model, task="classification", hidden_layers=(1,), embeddings=True)
+    capture_batch(model, batch, right)  # the model's own sizes pass
+    with pytest.raises(ValueError, match=rf"another teacher: {field}={value} \(the teacher has"):
+        capture_batch(model, batch, dataclasses.replace(right, **{field: value}))
 
 
 @pytest.mark.parametrize("kind", ["mlm", "classification", "qa"])
 def test_capture_fits_the_store_layout(tiny_teachers, kind):
     """Names, row shapes, fill values and dtypes agree with store.schema's array layout."""
-    from distillpipe.store.schema import ATTN_MASKED, SignalSpec, array_layout
+    from distillpipe.store.schema import ATTN_MASKED, array_layout
 
     model, mlm = tiny_teachers[kind], kind == "mlm"
     spec = SignalSpec(max_seq_len=20, pool=4, task="none" if mlm else kind,
                       n_classes=3 if kind == "classification" else 0,
                       vocab_size=100, mlm_topk=5 if mlm else 0, mlm_max_masked=6 if mlm else 0, hidden_layers=(0, 2),
                       hidden_size=32, attn_layers=(1, 4), n_heads=4, attn_probs_layers=(3,), embedding_size=32)
-    req = CaptureRequest.from_signal_spec(spec)
-    assert req == request(logits=not mlm, mlm_topk=5 if mlm else 0, hidden_layers=(0, 2), attn_layers=(1, 4),
-                          attn_probs_layers=(3,), pool=4, embeddings=True)
-    assert float(ATTN_MASKED) == capture_mod.SCORE_MASKED
+    assert float(ATTN_MASKED) == SCORE_MASKED  # what pooling marks empty blocks with is the store's fill value
     rows = make_rows([9, 4], seed=1, n_masked=[3, 1] if mlm else None)
-    out = capture_batch(model, collate(rows, 0), req, seq_len=20, max_masked=6 if mlm else None)
+    batch = collate(rows, 0)
+    out = capture_batch(model, batch, spec, seq_len=20, max_masked=6 if mlm else None)
+    raw = capture_batch(model, batch, spec)  # batch-length shapes: what the padding adds to
     arrays = {a.name: a for a in array_layout(spec, n_rows=8, shard_rows=8)}
-    assert set(out) == set(arrays) - {"row_index"}
+    assert set(out) == set(arrays) - {"row_index"} == set(signal_names(spec))
     for name, t in out.items():
         a = arrays[name]
         assert tuple(t.shape[1:]) == a.row_shape, name
         values = t.numpy()
         assert (values.dtype.kind == "f") == (a.dtype.kind == "f"), (name, t.dtype, a.dtype)
         assert np.array_equal(values.astype(a.dtype), values, equal_nan=values.dtype.kind == "f"), name  # lossless
-        assert capture_mod.fill_value(name) == a.fill_value or name == "length", name
+        inside = (slice(None), *(slice(0, n) for n in raw[name].shape[1:]))
+        assert torch.equal(t[inside], raw[name]), name
+        added = torch.ones(t.shape, dtype=torch.bool)
+        added[inside] = False
+        assert torch.all(t[added].double() == float(a.fill_value)), name  # the store's fill value
+        assert added.any() or name in ("length", "logits"), name  # the check above saw padding

@@ -9,11 +9,11 @@ attention KL (MiniALBERT) and embedding MSE (eq. 1).
 
 import pytest
 import torch
-from _teacher_tiny import live_forward, make_rows, manual_scores
+from _teacher_tiny import live_forward, make_rows, manual_scores, spec_for
 
 from distillpipe.pooling import avg_pool_seq, max_pool_scores
 from distillpipe.teacher.batching import collate
-from distillpipe.teacher.capture import CaptureRequest, capture_batch, to_host
+from distillpipe.teacher.capture import capture_batch, to_host
 
 T = 2.0
 P = 4
@@ -52,81 +52,71 @@ def attn_kl(student_probs, teacher_probs, q_valid):  # (B, H, L, L), (B, L)
     return kl[q_valid[:, None].expand_as(kl)].mean()
 
 
-def live_signals(model, batch, req):
+def live_signals(model, batch, spec):
     """The same signals straight from the fp32 teacher: its outputs, pooled by the tested pooling."""
     out = live_forward(model, batch)
     mask = batch["attention_mask"].bool()
     sig = {}
-    for j in req.hidden_layers:
+    for j in spec.hidden_layers:
         sig[f"hidden/L{j}"] = avg_pool_seq(out.hidden_states[j], mask, P)[0]
-    for j in req.attn_layers:
+    for j in spec.attn_layers:
         sig[f"attn_scores/L{j}"] = max_pool_scores(manual_scores(model, out.hidden_states, j), mask, P)[0]
-    for j in req.attn_probs_layers:
+    for j in spec.attn_probs_layers:
         sig[f"attn_probs/L{j}"] = out.attentions[j - 1]
-    if req.embeddings:
+    if spec.embedding_size:
         sig["embeddings"] = out.hidden_states[0]
     if hasattr(out, "start_logits"):
         sig["start_logits"], sig["end_logits"] = out.start_logits, out.end_logits
-    elif req.logits:
+    elif spec.task != "none":
         sig["logits"] = out.logits
-    if req.mlm_topk:
+    if spec.mlm_topk:
         pos = batch["masked_positions"]
         full = out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1]))  # (B, M, V)
-        sig["mlm/topk_logits"], sig["mlm/topk_ids"] = full.topk(req.mlm_topk, dim=-1)
+        sig["mlm/topk_logits"], sig["mlm/topk_ids"] = full.topk(spec.mlm_topk, dim=-1)
         sig["mlm/logsumexp"] = torch.logsumexp(full, dim=-1)
         sig["mlm/full"] = full
     return sig
 
 
-def total_loss(sig, student, batch, req):
+def total_loss(sig, student, batch, spec):
     """Every loss the cached signals feed, as a dict (so a failure names the signal)."""
     mask = batch["attention_mask"].bool()
     pooled_valid = avg_pool_seq(torch.zeros(*mask.shape, 1), mask, P)[1]
     block_valid = max_pool_scores(torch.zeros(mask.shape[0], 1, *mask.shape[1:2] * 2), mask, P)[1]
     losses = {}
-    for j in req.hidden_layers:
+    for j in spec.hidden_layers:
         losses[f"hidden/L{j}"] = hidden_mse(student[f"hidden/L{j}"], sig[f"hidden/L{j}"], pooled_valid)
-    for j in req.attn_layers:
+    for j in spec.attn_layers:
         losses[f"attn_scores/L{j}"] = score_mse(student[f"attn_scores/L{j}"], sig[f"attn_scores/L{j}"], block_valid)
-    for j in req.attn_probs_layers:
+    for j in spec.attn_probs_layers:
         losses[f"attn_probs/L{j}"] = attn_kl(student[f"attn_probs/L{j}"], sig[f"attn_probs/L{j}"], mask)
-    if req.embeddings:
+    if spec.embedding_size:
         losses["embeddings"] = (student["embeddings"] - sig["embeddings"])[mask].pow(2).mean()
     for name in ("start_logits", "end_logits"):
         if name in sig:
             losses[name] = kd_soft(student[name], sig[name], T, valid=mask)
     if "logits" in sig:
         losses["logits"] = kd_soft(student["logits"], sig["logits"], T)
-    if req.mlm_topk:
+    if spec.mlm_topk:
         losses["mlm"] = topk_kd(student["mlm/full"], sig["mlm/topk_ids"].long(), sig["mlm/topk_logits"],
                                 sig["mlm/logsumexp"], batch["masked_valid"])
     return losses
 
 
-def through_store(tmp_path, model, req, batch, kind):
+def through_store(tmp_path, model, spec, batch):
     """Capture, write one shard of a real store, read it back: exactly what training reads."""
     import numpy as np
 
     from distillpipe.store.manifest import Manifest, TeacherInfo
     from distillpipe.store.reader import open_store
-    from distillpipe.store.schema import SignalSpec
     from distillpipe.store.writer import create_or_resume
 
     B, L = batch["input_ids"].shape
-    mc = model.config
-    task = {"mlm": "none", "classification": "classification", "qa": "qa"}[kind]
-    spec = SignalSpec(max_seq_len=L, pool=req.pool, task=task,
-                      n_classes=mc.num_labels if task == "classification" else 0,
-                      vocab_size=mc.vocab_size, mlm_topk=req.mlm_topk,
-                      mlm_max_masked=batch["masked_positions"].shape[1] if req.mlm_topk else 0,
-                      hidden_layers=req.hidden_layers, hidden_size=mc.hidden_size, attn_layers=req.attn_layers,
-                      n_heads=mc.num_attention_heads, attn_probs_layers=req.attn_probs_layers,
-                      embedding_size=mc.hidden_size if req.embeddings else 0)
     manifest = Manifest(teacher=TeacherInfo(name="tiny", weights_sha256="0" * 64, tokenizer_sha256="0" * 64, config={}),
                         tokens_fingerprint="toy", split="train", signals=spec, compute={"precision": "fp32"},
                         code={}, n_rows=B, shard_rows=B)
     writer = create_or_resume(tmp_path / "s.zarr", manifest)
-    arrays = to_host(capture_batch(model, batch, req, seq_len=L, max_masked=spec.mlm_max_masked or None))
+    arrays = to_host(capture_batch(model, batch, spec, seq_len=L, max_masked=spec.mlm_max_masked or None))
     writer.write_shard(0, {"row_index": np.arange(B), **arrays})
     writer.finalize()
     store = open_store(tmp_path / "s.zarr", expected=manifest)
@@ -137,12 +127,14 @@ def through_store(tmp_path, model, req, batch, kind):
 def test_loss_from_cached_signals_equals_loss_from_live_teacher(tiny_teachers, kind, tmp_path):
     model = tiny_teachers[kind]
     mlm = kind == "mlm"
-    req = CaptureRequest(logits=not mlm, mlm_topk=8 if mlm else 0, hidden_layers=(0, 2, 4), attn_layers=(1, 2, 4),
-                         attn_probs_layers=(2, 4), pool=P, embeddings=True)
     batch = collate(make_rows([19, 12, 7, 3], seed=11, n_masked=[4, 2, 1, 1] if mlm else None), pad_id=0)
-    live = live_signals(model, batch, req)
+    spec = spec_for(model, task="none" if mlm else kind, mlm_topk=8 if mlm else 0, hidden_layers=(0, 2, 4),
+                    attn_layers=(1, 2, 4), attn_probs_layers=(2, 4), pool=P, embeddings=True,
+                    max_seq_len=batch["input_ids"].shape[1], mlm_max_masked=batch["masked_positions"].shape[1] if mlm
+                    else None)
+    live = live_signals(model, batch, spec)
     # What a training run sees: the capture written to a real store, read back, then widened.
-    cached = through_store(tmp_path, model, req, batch, kind)
+    cached = through_store(tmp_path, model, spec, batch)
     cached = {k: v.float() if v.is_floating_point() else v.long() for k, v in cached.items()}
     cached["mlm/full"] = live.get("mlm/full")
 
@@ -153,10 +145,10 @@ def test_loss_from_cached_signals_equals_loss_from_live_teacher(tiny_teachers, k
             continue
         finite = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
         student[name] = finite + 0.3 * finite.std() * torch.randn(t.shape, generator=g)
-    for j in req.attn_probs_layers:  # students emit probabilities
+    for j in spec.attn_probs_layers:  # students emit probabilities
         student[f"attn_probs/L{j}"] = torch.softmax(torch.randn(live[f"attn_probs/L{j}"].shape, generator=g), -1)
 
-    from_live, from_cache = total_loss(live, student, batch, req), total_loss(cached, student, batch, req)
+    from_live, from_cache = total_loss(live, student, batch, spec), total_loss(cached, student, batch, spec)
     assert from_live.keys() == from_cache.keys()
     expected = {"hidden/L0", "hidden/L2", "hidden/L4", "attn_scores/L1", "attn_scores/L2", "attn_scores/L4",
                 "attn_probs/L2", "attn_probs/L4", "embeddings"}

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from _teacher_tiny import live_forward
+from _teacher_tiny import live_forward, spec_for
 
 from distillpipe.assets import AssetError
 from distillpipe.pooling import avg_pool_seq, max_pool_scores
 from distillpipe.teacher.batching import collate
-from distillpipe.teacher.capture import CaptureRequest, capture_batch
+from distillpipe.teacher.capture import capture_batch
 from distillpipe.teacher.load import load_teacher
 
 SENTENCES = ["The cat sat on the mat.",
@@ -27,9 +27,8 @@ def test_minilm_capture_matches_its_outputs(minilm):
     rows = [{"input_ids": e["input_ids"], "token_type_ids": e["token_type_ids"], "length": len(e["input_ids"])}
             for e in enc]
     batch = collate(rows, pad_id=tok.pad_token_id)
-    req = CaptureRequest(logits=False, mlm_topk=0, hidden_layers=(2, 4, 6), attn_layers=(2, 4, 6),
-                         attn_probs_layers=(6,), pool=4, embeddings=False)
-    out = capture_batch(model, batch, req)
+    spec = spec_for(model, hidden_layers=(2, 4, 6), attn_layers=(2, 4, 6), attn_probs_layers=(6,), pool=4)
+    out = capture_batch(model, batch, spec)
     # The reference: the same weights under eager attention, whose output_attentions are the truth.
     from transformers import BertModel
 
@@ -47,8 +46,7 @@ def test_minilm_capture_matches_its_outputs(minilm):
     q_valid = mask[:, None, :, None]
     torch.testing.assert_close(out["attn_probs/L6"].float(), live.attentions[5].masked_fill(~q_valid, 0),
                                rtol=2e-3, atol=1e-3)
-    full = capture_batch(model, batch, CaptureRequest(logits=False, mlm_topk=0, hidden_layers=(), attn_layers=(6,),
-                                                      attn_probs_layers=(), pool=1, embeddings=False))
+    full = capture_batch(model, batch, spec_for(model, attn_layers=(6,)))
     probs = torch.softmax(full["attn_scores/L6"].float(), dim=-1).masked_fill(~q_valid, 0)
     torch.testing.assert_close(probs, live.attentions[5].masked_fill(~q_valid, 0), rtol=2e-3, atol=1e-3)
     pooled = max_pool_scores(full["attn_scores/L6"].float(), mask, 4)[0]

@@ -10,7 +10,9 @@ from distillpipe.config.base import ConfigError
 
 @dataclass(frozen=True)
 class SignalsConfig:
-    """What the teacher cache keeps. Never keep what no loss uses: every array costs disk and I/O."""
+    """What the teacher cache keeps: the user's choice. Never keep what no loss uses: every array costs disk and
+    I/O. :func:`distillpipe.teacher.cache.signal_spec` turns it, with the teacher's and the tokens' sizes, into
+    the store's :class:`distillpipe.store.schema.SignalSpec`, which names the arrays and fixes their shapes."""
 
     logits: bool
     """Task logits (QA: start/end logits). Needs a fine-tuned task teacher."""
@@ -25,10 +27,11 @@ class SignalsConfig:
     pool: int
     """Pooling factor p (WaLDORf eqs. 3 and 5: 4); 1 = unpooled (MiniALBERT)."""
     attn_probs: bool
-    """How ``attn_layers`` are kept: false = pre-softmax scores max-pooled ``pool`` x ``pool`` (``attn_scores/L{j}``,
-    the WaLDORf attention MSE); true = unpooled attention probabilities instead (``attn_probs/L{j}``, the MiniALBERT
-    attention KL, loss term ``attn_kl``). They cost H x L^2 x 2 bytes a row and layer (MiniLM at L 64: 98 KB;
-    BERT-base at L 256: 1.6 MB; BERT-Large at L 384: 4.7 MB): size rows, length and layers with care."""
+    """How ``attn_layers`` are kept: false = pre-softmax scores max-pooled ``pool`` x ``pool`` (the spec's
+    ``attn_layers``, the WaLDORf attention MSE); true = unpooled attention probabilities instead (the spec's
+    ``attn_probs_layers``, the MiniALBERT attention KL, loss term ``attn_kl``). They cost H x L^2 x 2 bytes a row
+    and layer (MiniLM at L 64: 98 KB; BERT-base at L 256: 1.6 MB; BERT-Large at L 384: 4.7 MB): size rows, length
+    and layers with care."""
     embeddings: bool
     """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): large."""
 

@@ -15,6 +15,16 @@ from distillpipe.data.batching import pad_sequences
 from distillpipe.data.schema import regression_bins
 from distillpipe.errors import UserError
 from distillpipe.pooling import n_groups
+from distillpipe.store.schema import (
+    ATTN_PROBS,
+    ATTN_SCORES,
+    EMBEDDINGS,
+    END_LOGITS,
+    HIDDEN,
+    LENGTH,
+    START_LOGITS,
+    array_group,
+)
 
 IGNORE = -100  # label value ignored by the cross-entropy losses
 
@@ -78,23 +88,22 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
     if arrays is not None:
         Tp = n_groups(T, pool)
         for name, a in arrays.items():
-            if name == "length":
+            if name == LENGTH:
                 continue
             t = torch.from_numpy(np.ascontiguousarray(a))
             if t.dtype == torch.float16:
                 t = t.float()
-            if name in ("start_logits", "end_logits"):
+            group = array_group(name)
+            if name in (START_LOGITS, END_LOGITS, EMBEDDINGS):
                 t = t[:, :T]
-            elif name.startswith("hidden/"):
+            elif group == HIDDEN:
                 t = t[:, :Tp]
-            elif name.startswith("attn_scores/"):
+            elif group == ATTN_SCORES:
                 t = t[:, :, :Tp, :Tp]
-            elif name.startswith("attn_probs/"):
+            elif group == ATTN_PROBS:
                 t = t[:, :, :T, :T]  # (B, H, L, L) -> (B, H, T, T): positions, never heads
-            elif name == "embeddings":
-                t = t[:, :T]
             targets[name] = t
-        if "length" in arrays and not np.array_equal(arrays["length"], lengths.numpy()):
+        if LENGTH in arrays and not np.array_equal(arrays[LENGTH], lengths.numpy()):
             raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "
                                  "is not from these tokens; re-run teacher_cache")
     return batch, targets

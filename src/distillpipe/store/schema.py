@@ -2,8 +2,16 @@
 
 A :class:`SignalSpec` says which teacher signals are cached (task logits, MLM top-k, pooled
 hidden states, pooled attention scores, optional attention probabilities and embeddings) and the
-sizes that fix their shapes. :func:`array_layout` turns a spec, the row count ``N`` and the shard
-size into the exact list of Zarr arrays (name, shape, inner chunks, shards, dtype, fill value).
+sizes that fix their shapes. It is the one description of a store's signals: the capture
+(:func:`distillpipe.teacher.capture.capture_batch`) computes what a spec selects, the store
+manifest serializes it, and training reads it back. The user's params
+(:class:`distillpipe.config.teacher_cache.SignalsConfig`) become a spec in one place,
+:func:`distillpipe.teacher.cache.signal_spec`. :func:`array_layout` turns a spec, the row count ``N``
+and the shard size into the exact list of Zarr arrays (name, shape, inner chunks, shards, dtype,
+fill value).
+
+Array names are spelled here only (:data:`LOGITS`, :func:`hidden_array`, ...): the capture's outputs,
+the layout, the objective's reads and the collation's crops all use these.
 
 Layout rules (format version 2; codecs: Blosc zstd, then a crc32c per inner chunk):
 
@@ -47,10 +55,59 @@ TARGET_CHUNK_BYTES = 4 * 2**20
 MIN_CHUNK_ROWS = 8
 MAX_CHUNK_ROWS = 64
 
+# --- array names: the one place that spells them
+ROW_INDEX = "row_index"
+"""(N,) int64: the row of the tokens split each store row holds."""
+LENGTH = "length"
+"""(N,) int32: the real token count of each row."""
+LOGITS = "logits"
+"""(N, C) classification logits."""
+START_LOGITS, END_LOGITS = "start_logits", "end_logits"
+"""(N, L) QA span logits."""
+MLM = "mlm"
+MLM_POSITIONS, MLM_TOPK_IDS = f"{MLM}/positions", f"{MLM}/topk_ids"
+MLM_TOPK_LOGITS, MLM_LOGSUMEXP = f"{MLM}/topk_logits", f"{MLM}/logsumexp"
+MLM_ARRAYS = (MLM_POSITIONS, MLM_TOPK_IDS, MLM_TOPK_LOGITS, MLM_LOGSUMEXP)
+"""The MLM top-k signal: (N, M) positions, (N, M, k) ids and logits, (N, M) full-vocabulary logsumexp."""
+EMBEDDINGS = "embeddings"
+"""(N, L, e) embedding-layer output, unpooled."""
+HIDDEN, ATTN_SCORES, ATTN_PROBS = "hidden", "attn_scores", "attn_probs"
+"""The per-layer groups: ``<group>/L{j}``, one array per teacher layer j."""
+
+
+def hidden_array(j: int) -> str:
+    """Layer j's hidden states, average-pooled p x: (N, ceil(L/p), d)."""
+    return f"{HIDDEN}/L{j}"
+
+
+def attn_scores_array(j: int) -> str:
+    """Layer j's pre-softmax attention scores, max-pooled p x p: (N, H, ceil(L/p), ceil(L/p))."""
+    return f"{ATTN_SCORES}/L{j}"
+
+
+def attn_probs_array(j: int) -> str:
+    """Layer j's attention probabilities, unpooled: (N, H, L, L)."""
+    return f"{ATTN_PROBS}/L{j}"
+
+
+def array_group(name: str) -> str:
+    """``hidden``, ``attn_scores``, ``attn_probs`` or ``mlm`` for the arrays of those groups; else the name itself."""
+    return name.split("/", 1)[0]
+
+
+def logit_arrays(task: str) -> tuple[str, ...]:
+    """The task-logit arrays of ``task`` (one of :data:`TASKS`)."""
+    return {"none": (), "classification": (LOGITS,), "qa": (START_LOGITS, END_LOGITS)}[task]
+
 
 @dataclass(frozen=True, kw_only=True)
 class SignalSpec:
-    """Which teacher signals a store caches, and the sizes that fix their shapes."""
+    """Which teacher signals a store caches, and the sizes that fix their shapes.
+
+    Built from the user's :class:`~distillpipe.config.teacher_cache.SignalsConfig` and the teacher by
+    :func:`distillpipe.teacher.cache.signal_spec`; the capture checks a spec against the model it runs
+    (:func:`distillpipe.teacher.capture.check_spec`). Serialized as the manifest's ``signals``
+    (:meth:`to_dict`): part of the store's identity."""
 
     max_seq_len: int
     """L: token sequence length that per-token arrays are padded to."""
@@ -180,31 +237,48 @@ def _row_arrays(spec: SignalSpec) -> list[tuple[str, tuple[int, ...], np.dtype, 
     """(name, row shape, dtype, fill value, dimension names without 'row') for every array."""
     L, Lp, H = spec.max_seq_len, spec.pooled_len, spec.n_heads
     f16, f32 = np.dtype(np.float16), np.dtype(np.float32)
-    out: list[tuple[str, tuple[int, ...], np.dtype, Any, tuple[str, ...]]] = [
-        ("row_index", (), np.dtype(np.int64), 0, ()),
-        ("length", (), np.dtype(np.int32), 0, ()),
+    rows: list[tuple[str, tuple[int, ...], np.dtype, tuple[str, ...]]] = [
+        (ROW_INDEX, (), np.dtype(np.int64), ()),
+        (LENGTH, (), np.dtype(np.int32), ()),
     ]
     if spec.task == "classification":
-        out.append(("logits", (spec.n_classes,), f16, 0.0, ("class",)))
+        rows.append((LOGITS, (spec.n_classes,), f16, ("class",)))
     elif spec.task == "qa":
-        out.append(("start_logits", (L,), f16, 0.0, ("pos",)))
-        out.append(("end_logits", (L,), f16, 0.0, ("pos",)))
+        rows.append((START_LOGITS, (L,), f16, ("pos",)))
+        rows.append((END_LOGITS, (L,), f16, ("pos",)))
     if spec.mlm_topk:
         M, k = spec.mlm_max_masked, spec.mlm_topk
         pos_dtype = np.dtype(np.int16) if L < 2**15 else np.dtype(np.int32)
-        out.append(("mlm/positions", (M,), pos_dtype, MLM_UNUSED_POSITION, ("slot",)))
-        out.append(("mlm/topk_ids", (M, k), spec.mlm_ids_dtype, 0, ("slot", "rank")))
-        out.append(("mlm/topk_logits", (M, k), f16, 0.0, ("slot", "rank")))
-        out.append(("mlm/logsumexp", (M,), f32, 0.0, ("slot",)))
+        rows.append((MLM_POSITIONS, (M,), pos_dtype, ("slot",)))
+        rows.append((MLM_TOPK_IDS, (M, k), spec.mlm_ids_dtype, ("slot", "rank")))
+        rows.append((MLM_TOPK_LOGITS, (M, k), f16, ("slot", "rank")))
+        rows.append((MLM_LOGSUMEXP, (M,), f32, ("slot",)))
     for j in spec.hidden_layers:
-        out.append((f"hidden/L{j}", (Lp, spec.hidden_size), f16, 0.0, ("pos", "feature")))
+        rows.append((hidden_array(j), (Lp, spec.hidden_size), f16, ("pos", "feature")))
     for j in spec.attn_layers:
-        out.append((f"attn_scores/L{j}", (H, Lp, Lp), f16, float(ATTN_MASKED), ("head", "query", "key")))
+        rows.append((attn_scores_array(j), (H, Lp, Lp), f16, ("head", "query", "key")))
     for j in spec.attn_probs_layers:
-        out.append((f"attn_probs/L{j}", (H, L, L), f16, 0.0, ("head", "query", "key")))
+        rows.append((attn_probs_array(j), (H, L, L), f16, ("head", "query", "key")))
     if spec.embedding_size:
-        out.append(("embeddings", (L, spec.embedding_size), f16, 0.0, ("pos", "feature")))
-    return out
+        rows.append((EMBEDDINGS, (L, spec.embedding_size), f16, ("pos", "feature")))
+    # the fill value typed as the array (0.0 for floats, 0 for integers): it is written into the array's metadata
+    return [(name, shape, dtype, (float if dtype.kind == "f" else int)(fill_value(name)), dims)
+            for name, shape, dtype, dims in rows]
+
+
+def signal_arrays(spec: SignalSpec) -> list[str]:
+    """The arrays a teacher computes for ``spec`` (every array of the store but ``row_index``), in layout order:
+    the names :func:`distillpipe.teacher.capture.capture_batch` returns."""
+    return [name for name, *_ in _row_arrays(spec) if name != ROW_INDEX]
+
+
+def fill_value(name: str) -> float:
+    """The value of array ``name`` where a row has no data (padding, an unused MLM slot): the store's fill value."""
+    if array_group(name) == ATTN_SCORES:
+        return float(ATTN_MASKED)
+    if name == MLM_POSITIONS:
+        return MLM_UNUSED_POSITION
+    return 0
 
 
 def array_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySpec]:

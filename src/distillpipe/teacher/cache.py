@@ -40,9 +40,9 @@ from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
 from distillpipe.scale.machine import ClusterSettings
 from distillpipe.store.manifest import Manifest, TeacherInfo
-from distillpipe.store.schema import SignalSpec
+from distillpipe.store.schema import ROW_INDEX, SignalSpec
 from distillpipe.store.writer import StoreSummary, StoreWriter, create_or_resume, write_shard
-from distillpipe.teacher.capture import CaptureRequest, signal_names, teacher_head
+from distillpipe.teacher.capture import signal_names, teacher_head
 from distillpipe.teacher.load import load_teacher
 from distillpipe.teacher.shard import compute_shard
 
@@ -185,7 +185,7 @@ def compute_job_shard(job: ShardJob, i: int) -> dict[str, Any]:
     with state.lock, torch_threads(job.compute["cpu_threads"]):
         arrays = compute_shard(state.model, state.rows, start, stop, job.spec, job.batch_size, job.pad_id)
     if state.subset is not None:  # positions in the subset -> rows of the tokens split
-        arrays["row_index"] = state.subset[arrays["row_index"]]
+        arrays[ROW_INDEX] = state.subset[arrays[ROW_INDEX]]
     return arrays
 
 
@@ -210,7 +210,10 @@ def cache_shard(job: ShardJob, i: int) -> dict[str, Any]:
 
 
 def signal_spec(cfg: TeacherCacheDatasetConfig, facts: TeacherFacts, tokens_meta: dict, rows) -> SignalSpec:
-    """The store's signal spec for ``cfg`` on this teacher and these tokens."""
+    """The store's signal spec for ``cfg`` on this teacher and these tokens: the one place where the user's
+    :class:`~distillpipe.config.teacher_cache.SignalsConfig` becomes a
+    :class:`~distillpipe.store.schema.SignalSpec`. The sizes come from the teacher (``facts``) and the tokens
+    (``max_seq_len``; the most masked positions of any row), the selection from ``cfg.signals``."""
     s = cfg.signals
     task = "none"
     if s.logits:
@@ -296,7 +299,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
                 log.info("resuming %s: %d of %d shards already complete", out, n_shards - len(pending), n_shards)
             where = "this process" if inprocess else f"dask cluster ({cluster.kind})"
             log.info("caching %s for %s on %s, %s: %d shards of %d rows to compute",
-                     ", ".join(signal_names(CaptureRequest.from_signal_spec(spec), facts.head)), name, facts.device,
+                     ", ".join(signal_names(spec)), name, facts.device,
                      where, len(pending), shard_rows)
             bar = Progress(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
             progress = _Progress(bar, manifest)

@@ -24,8 +24,8 @@ Layer numbering: encoder layers are 1-based, ``j`` = output (hidden) or self-att
 of encoder layer j, as in ``output_hidden_states[j]`` / ``output_attentions[j - 1]``;
 ``hidden/L0`` is the embedding output, avg-pooled (``embeddings`` is the same tensor unpooled).
 
-Masking and fill conventions (the store's fill values, ``store.schema``): a row's signals do not
-depend on how much padding its batch has. ``hidden`` groups without a real token, ``embeddings``
+Masking and fill conventions (the store's fill values, :func:`distillpipe.store.schema.fill_value`):
+a row's signals do not depend on how much padding its batch has. ``hidden`` groups without a real token, ``embeddings``
 and ``start/end_logits`` at padding, ``attn_probs`` of padded queries and keys: 0.
 ``attn_scores``: max over real (query, key) pairs only; blocks without one are
 :data:`~distillpipe.pooling.SCORE_MASKED` (-inf); with p = 1 every padded query or key
@@ -39,59 +39,36 @@ autocast on CUDA; pooling accumulates in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from distillpipe.pooling import SCORE_MASKED, avg_pool_seq, max_pool_scores, n_groups
+from distillpipe.pooling import avg_pool_seq, max_pool_scores, n_groups
 from distillpipe.runtime import autocast
-
-
-@dataclass(frozen=True)
-class CaptureRequest:
-    """Which signals :func:`capture_batch` returns (mirrors ``store.schema.SignalSpec``)."""
-
-    logits: bool
-    """Task logits: ``logits`` (B, C) for classification, ``start_logits``/``end_logits`` (B, L) for QA."""
-    mlm_topk: int
-    """k > 0: ``mlm/topk_ids``, ``mlm/topk_logits`` (B, M, k), ``mlm/logsumexp``, ``mlm/positions``
-    (B, M) at the masked positions. 0 = off (required for teachers without an MLM head)."""
-    hidden_layers: tuple[int, ...]
-    """Layers j (0 = embedding output, 1..n_layers) whose output is cached as ``hidden/L{j}``, avg-pooled p x."""
-    attn_layers: tuple[int, ...]
-    """Layers j (1..n_layers) whose pre-softmax scores are cached as ``attn_scores/L{j}``, max-pooled p x p."""
-    attn_probs_layers: tuple[int, ...]
-    """Layers j (1..n_layers) whose attention probabilities are cached unpooled as ``attn_probs/L{j}``."""
-    pool: int
-    """p >= 1; 1 = no pooling."""
-    embeddings: bool
-    """Embedding-layer output, unpooled: ``embeddings`` (B, L, e)."""
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_layers", "attn_layers", "attn_probs_layers"):
-            value = tuple(int(j) for j in getattr(self, name))
-            object.__setattr__(self, name, value)
-            low = 0 if name == "hidden_layers" else 1
-            if any(j < low for j in value) or list(value) != sorted(set(value)):
-                raise ValueError(f"CaptureRequest.{name} must be strictly increasing layer numbers >= {low}, "
-                                 f"got {value}")
-        if self.pool < 1:
-            raise ValueError(f"CaptureRequest.pool must be >= 1, got {self.pool}")
-        if self.mlm_topk < 0:
-            raise ValueError(f"CaptureRequest.mlm_topk must be >= 0, got {self.mlm_topk}")
-        if not (self.logits or self.mlm_topk or self.hidden_layers or self.attn_layers
-                or self.attn_probs_layers or self.embeddings):
-            raise ValueError("CaptureRequest selects no signal at all")
-
-    @classmethod
-    def from_signal_spec(cls, spec) -> CaptureRequest:
-        """The request that fills a store described by ``distillpipe.store.schema.SignalSpec``."""
-        return cls(logits=spec.task != "none", mlm_topk=spec.mlm_topk, hidden_layers=spec.hidden_layers,
-                   attn_layers=spec.attn_layers, attn_probs_layers=spec.attn_probs_layers, pool=spec.pool,
-                   embeddings=spec.embedding_size > 0)
+from distillpipe.store.schema import (
+    ATTN_PROBS,
+    ATTN_SCORES,
+    EMBEDDINGS,
+    END_LOGITS,
+    HIDDEN,
+    LENGTH,
+    LOGITS,
+    MLM,
+    MLM_LOGSUMEXP,
+    MLM_POSITIONS,
+    MLM_TOPK_IDS,
+    MLM_TOPK_LOGITS,
+    START_LOGITS,
+    SignalSpec,
+    array_group,
+    attn_probs_array,
+    attn_scores_array,
+    fill_value,
+    hidden_array,
+    signal_arrays,
+)
 
 
 class _StopForward(Exception):
@@ -133,22 +110,39 @@ def _encoder_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
     return base, layers
 
 
-def check_request(model: nn.Module, request: CaptureRequest) -> None:
-    """Raise ValueError when ``request`` asks for something ``model`` cannot give."""
+def check_spec(model: nn.Module, spec: SignalSpec) -> None:
+    """Raise ValueError when ``spec`` asks for something ``model`` cannot give, or describes another model
+    (hidden size, heads, vocabulary, classes): a store's shapes must be this teacher's."""
     head = teacher_head(model)
-    n = model.config.num_hidden_layers
+    mc = model.config
+    n = mc.num_hidden_layers
+    if not (spec.task != "none" or spec.mlm_topk or spec.hidden_layers or spec.attn_layers or spec.attn_probs_layers
+            or spec.embedding_size):
+        raise ValueError("the signal spec selects no signal at all")
     for name in ("hidden_layers", "attn_layers", "attn_probs_layers"):
-        bad = [j for j in getattr(request, name) if j > n]
+        bad = [j for j in getattr(spec, name) if j > n]
         if bad:
             raise ValueError(f"{name} {bad}: the teacher has only {n} layers (1..{n})")
-    if request.logits and head not in ("classification", "qa"):
-        raise ValueError(f"task logits requested but the teacher has a {head!r} head; set logits: false or load "
-                         "a fine-tuned classification/QA teacher")
-    if request.mlm_topk and head != "mlm":
-        raise ValueError(f"mlm_topk={request.mlm_topk} but the teacher has no MLM head (it was loaded with head "
+    for name in ("attn_layers", "attn_probs_layers"):
+        if 0 in getattr(spec, name):
+            raise ValueError(f"{name} has layer 0, the embedding output, which has no attention: attention layers "
+                             f"are numbered from 1 (1..{n})")
+    if spec.task != "none" and head != spec.task:
+        raise ValueError(f"task logits ({spec.task}) requested but the teacher has a {head!r} head; set logits: false "
+                         f"or load a fine-tuned {spec.task} teacher")
+    if spec.mlm_topk and head != "mlm":
+        raise ValueError(f"mlm_topk={spec.mlm_topk} but the teacher has no MLM head (it was loaded with head "
                          f"{head!r}); set mlm_topk: 0 and use hidden/attention signals only")
-    if request.mlm_topk > model.config.vocab_size:
-        raise ValueError(f"mlm_topk={request.mlm_topk} exceeds the vocabulary size {model.config.vocab_size}")
+    sizes = {"hidden_size": (spec.hidden_size, mc.hidden_size), "n_heads": (spec.n_heads, mc.num_attention_heads),
+             "vocab_size": (spec.vocab_size, mc.vocab_size)}
+    if spec.task == "classification":
+        sizes["n_classes"] = (spec.n_classes, mc.num_labels)
+    if spec.embedding_size:
+        sizes["embedding_size"] = (spec.embedding_size, mc.hidden_size)
+    differ = [f"{k}={want} (the teacher has {have})" for k, (want, have) in sizes.items() if want != have]
+    if differ:
+        raise ValueError(f"the signal spec describes another teacher: {', '.join(differ)}; build the spec from this "
+                         "teacher (distillpipe.teacher.cache.signal_spec)")
 
 
 def _attention_scores(q: torch.Tensor, k: torch.Tensor, attn: nn.Module) -> torch.Tensor:
@@ -170,13 +164,15 @@ def _last_output(output):
 def capture_batch(
     model: nn.Module,
     batch: Mapping[str, torch.Tensor],
-    request: CaptureRequest,
+    spec: SignalSpec,
     *,
     seq_len: int | None = None,
     max_masked: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run the teacher once on a collated ``batch`` (:func:`distillpipe.teacher.collate`) and return
-    the requested signals, pooled and cast on the model's device (see the module docstring).
+    the signals ``spec`` selects (:func:`signal_names`), pooled and cast on the model's device (see the module
+    docstring). ``spec`` is checked against the model (:func:`check_spec`); its ``max_seq_len`` and
+    ``mlm_max_masked`` do not pad anything by themselves.
 
     Sequence axes have the batch length L (pooled: ceil(L/p)) unless ``seq_len`` is given, and MLM
     axes the batch's M unless ``max_masked`` is: then they are padded with the fill values to the
@@ -185,28 +181,26 @@ def capture_batch(
     """
     if model.training:  # raised, not asserted: must hold under python -O too (a seed repo cached a train-mode teacher)
         raise AssertionError("teacher must be in eval() mode: dropout would corrupt every cached signal")
-    check_request(model, request)
-    head = teacher_head(model)
+    check_spec(model, spec)
     base, layers = _encoder_layers(model)
     device = next(model.parameters()).device
     inputs = {k: batch[k].to(device, non_blocking=True) for k in ("input_ids", "token_type_ids", "attention_mask")}
     mask = inputs["attention_mask"].bool()  # (B, L)
     B, L = mask.shape
-    p = request.pool
+    p = spec.pool
     out: dict[str, torch.Tensor] = {}
-    handles = _install_hooks(base, layers, request, mask, out)
+    handles = _install_hooks(base, layers, spec, mask, out)
     try:
         with torch.inference_mode(), autocast(device):
-            if request.mlm_topk:
+            if spec.mlm_topk:
                 seq = base(**inputs).last_hidden_state  # (B, L, d)
-                out.update(_mlm_signals(model, seq, batch, request.mlm_topk))
-            elif request.logits:
+                out.update(_mlm_signals(model, seq, batch, spec.mlm_topk))
+            elif spec.task == "qa":
                 res = model(**inputs)
-                if head == "qa":
-                    out["start_logits"] = res.start_logits.float().masked_fill(~mask, 0.0).half()
-                    out["end_logits"] = res.end_logits.float().masked_fill(~mask, 0.0).half()
-                else:
-                    out["logits"] = res.logits.half()
+                out[START_LOGITS] = res.start_logits.float().masked_fill(~mask, 0.0).half()
+                out[END_LOGITS] = res.end_logits.float().masked_fill(~mask, 0.0).half()
+            elif spec.task == "classification":
+                out[LOGITS] = model(**inputs).logits.half()
             else:
                 try:
                     base(**inputs)
@@ -215,24 +209,24 @@ def capture_batch(
     finally:
         for h in handles:
             h.remove()
-    out["length"] = mask.sum(dim=1, dtype=torch.int32)
+    out[LENGTH] = mask.sum(dim=1, dtype=torch.int32)
     if seq_len is not None or max_masked is not None:
         out = {name: _pad_to(name, t, L if seq_len is None else seq_len, max_masked, p) for name, t in out.items()}
     return out
 
 
-def _install_hooks(base: nn.Module, layers: nn.ModuleList, request: CaptureRequest, mask: torch.Tensor,
+def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, mask: torch.Tensor,
                    out: dict[str, torch.Tensor]) -> list:
-    p = request.pool
+    p = spec.pool
     handles = []
 
     def on_hidden(j: int) -> Callable:
         def hook(module, args, output):
             h = _last_output(output)  # (B, L, d)
-            if j == 0 and request.embeddings:
-                out["embeddings"] = h.masked_fill(~mask[..., None], 0.0).half()
-            if j in request.hidden_layers:
-                out[f"hidden/L{j}"] = avg_pool_seq(h.float(), mask, p)[0].half()
+            if j == 0 and spec.embedding_size:
+                out[EMBEDDINGS] = h.masked_fill(~mask[..., None], 0.0).half()
+            if j in spec.hidden_layers:
+                out[hidden_array(j)] = avg_pool_seq(h.float(), mask, p)[0].half()
         return hook
 
     def on_projection(j: int, which: str, stash: dict, attn: nn.Module) -> Callable:
@@ -240,25 +234,25 @@ def _install_hooks(base: nn.Module, layers: nn.ModuleList, request: CaptureReque
             stash[which] = output
             if len(stash) == 2:  # query and key both seen, in whatever order the module runs them
                 scores = _attention_scores(stash.pop("q"), stash.pop("k"), attn)
-                if j in request.attn_probs_layers:
+                if j in spec.attn_probs_layers:
                     probs = torch.softmax(scores.float().masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)
-                    out[f"attn_probs/L{j}"] = probs.masked_fill_(~mask[:, None, :, None], 0.0).half()
-                if j in request.attn_layers:
-                    out[f"attn_scores/L{j}"] = max_pool_scores(scores, mask, p, inplace=True)[0].half()
+                    out[attn_probs_array(j)] = probs.masked_fill_(~mask[:, None, :, None], 0.0).half()
+                if j in spec.attn_layers:
+                    out[attn_scores_array(j)] = max_pool_scores(scores, mask, p, inplace=True)[0].half()
         return hook
 
     try:
-        if request.embeddings or 0 in request.hidden_layers:
+        if spec.embedding_size or 0 in spec.hidden_layers:
             handles.append(base.embeddings.register_forward_hook(on_hidden(0)))
-        for j in request.hidden_layers:
+        for j in spec.hidden_layers:
             if j > 0:
                 handles.append(layers[j - 1].register_forward_hook(on_hidden(j)))
-        for j in sorted(set(request.attn_layers) | set(request.attn_probs_layers)):
+        for j in sorted(set(spec.attn_layers) | set(spec.attn_probs_layers)):
             attn, stash = layers[j - 1].attention.self, {}
             handles.append(attn.query.register_forward_hook(on_projection(j, "q", stash, attn)))
             handles.append(attn.key.register_forward_hook(on_projection(j, "k", stash, attn)))
-        if not (request.logits or request.mlm_topk):
-            deepest = max((*request.hidden_layers, *request.attn_layers, *request.attn_probs_layers), default=0)
+        if not (spec.task != "none" or spec.mlm_topk):
+            deepest = max((*spec.hidden_layers, *spec.attn_layers, *spec.attn_probs_layers), default=0)
             if deepest < len(layers):
                 stop_at = layers[deepest - 1] if deepest > 0 else base.embeddings
 
@@ -291,36 +285,28 @@ def _mlm_signals(model: nn.Module, seq: torch.Tensor, batch: Mapping[str, torch.
     logits = _mlm_head(model)(hidden).float()  # (B, M, V): the head at masked positions only
     top, ids = logits.topk(k, dim=-1)  # (B, M, k), sorted descending
     return {
-        "mlm/positions": pos.masked_fill(unused, -1).int(),
-        "mlm/topk_ids": ids.masked_fill(unused[..., None], 0).int(),
-        "mlm/topk_logits": top.masked_fill(unused[..., None], 0.0).half(),
-        "mlm/logsumexp": torch.logsumexp(logits, dim=-1).masked_fill(unused, 0.0),
+        MLM_POSITIONS: pos.masked_fill(unused, -1).int(),
+        MLM_TOPK_IDS: ids.masked_fill(unused[..., None], 0).int(),
+        MLM_TOPK_LOGITS: top.masked_fill(unused[..., None], 0.0).half(),
+        MLM_LOGSUMEXP: torch.logsumexp(logits, dim=-1).masked_fill(unused, 0.0),
     }
-
-
-def fill_value(name: str) -> float:
-    """Value of ``name`` where a row has no data (padding, unused MLM slot)."""
-    if name.startswith("attn_scores/"):
-        return SCORE_MASKED
-    if name == "mlm/positions":
-        return -1
-    return 0
 
 
 def _pad_to(name: str, t: torch.Tensor, seq_len: int, max_masked: int | None, p: int) -> torch.Tensor:
     B, shape = t.shape[0], list(t.shape[1:])
     L, n = seq_len, n_groups(seq_len, p)
-    if name in ("start_logits", "end_logits"):
+    group = array_group(name)
+    if name in (START_LOGITS, END_LOGITS):
         target = [L]
-    elif name == "embeddings":
+    elif name == EMBEDDINGS:
         target = [L, shape[1]]
-    elif name.startswith("hidden/"):
+    elif group == HIDDEN:
         target = [n, shape[1]]
-    elif name.startswith("attn_scores/"):
+    elif group == ATTN_SCORES:
         target = [shape[0], n, n]
-    elif name.startswith("attn_probs/"):
+    elif group == ATTN_PROBS:
         target = [shape[0], L, L]
-    elif name.startswith("mlm/") and max_masked is not None:
+    elif group == MLM and max_masked is not None:
         target = [max_masked, *shape[1:]]
     else:
         return t
@@ -349,27 +335,16 @@ def to_host(signals: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     for name, a in arrays.items():
         if a.dtype.kind != "f":
             continue
-        bad = (np.isnan(a) | np.isposinf(a)) if name.startswith("attn_scores/") else ~np.isfinite(a)
+        bad = (np.isnan(a) | np.isposinf(a)) if array_group(name) == ATTN_SCORES else ~np.isfinite(a)
         if bad.any():
             raise ValueError(f"captured {name} holds {int(bad.sum())} nan/inf values (float16 overflow or a "
                              "broken teacher); no row of this batch was written")
     return arrays
 
 
-def signal_names(request: CaptureRequest, head: str) -> list[str]:
-    """Names :func:`capture_batch` returns for ``request`` on a teacher with ``head``."""
-    names = []
-    if request.logits:
-        names += ["start_logits", "end_logits"] if head == "qa" else ["logits"]
-    if request.mlm_topk:
-        names += ["mlm/positions", "mlm/topk_ids", "mlm/topk_logits", "mlm/logsumexp"]
-    names += [f"hidden/L{j}" for j in request.hidden_layers]
-    names += [f"attn_scores/L{j}" for j in request.attn_layers]
-    names += [f"attn_probs/L{j}" for j in request.attn_probs_layers]
-    if request.embeddings:
-        names.append("embeddings")
-    return names + ["length"]
+def signal_names(spec: SignalSpec) -> list[str]:
+    """Names :func:`capture_batch` returns for ``spec``: the store's arrays but ``row_index``."""
+    return signal_arrays(spec)
 
 
-__all__ = ["CaptureRequest", "capture_batch", "check_request", "fill_value", "signal_names", "teacher_head",
-           "to_host"]
+__all__ = ["capture_batch", "check_spec", "fill_value", "signal_names", "teacher_head", "to_host"]

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distillpipe.store.schema import SignalSpec
+from distillpipe.store.schema import ROW_INDEX, SignalSpec
 from distillpipe.teacher.batching import collate, length_buckets
-from distillpipe.teacher.capture import CaptureRequest, capture_batch, to_host
+from distillpipe.teacher.capture import capture_batch, to_host
 
 # Token columns the teacher needs, per kind of tokens (MLM rows also carry their masked positions).
 _INPUT_COLUMNS = ["input_ids", "token_type_ids", "length"]
@@ -32,14 +32,13 @@ def compute_shard(model: torch.nn.Module, rows, start: int, stop: int, spec: Sig
     Rows are length-bucketed into batches (little padding), captured, copied to host and put back
     in dataset order; sequence axes are padded to the store's shapes with the fill values.
     """
-    request = CaptureRequest.from_signal_spec(spec)
     cols = [c for c in _INPUT_COLUMNS + ["masked_positions"] if c in rows.column_names]
     shard = rows.select(range(start, stop)).select_columns(cols)
     n = stop - start
-    out: dict[str, np.ndarray] = {"row_index": np.arange(start, stop, dtype=np.int64)}
+    out: dict[str, np.ndarray] = {ROW_INDEX: np.arange(start, stop, dtype=np.int64)}
     for idx in length_buckets(shard["length"], batch_size):
         batch = collate(shard[idx], pad_id)
-        signals = to_host(capture_batch(model, batch, request, seq_len=spec.max_seq_len,
+        signals = to_host(capture_batch(model, batch, spec, seq_len=spec.max_seq_len,
                                         max_masked=spec.mlm_max_masked or None))
         for name, a in signals.items():
             if name not in out:

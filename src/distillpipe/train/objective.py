@@ -23,7 +23,23 @@ from distillpipe.config.run import ObjectiveConfig
 from distillpipe.data.collate import IGNORE
 from distillpipe.errors import UserError
 from distillpipe.pooling import pooled_mask
-from distillpipe.store.schema import SignalSpec
+from distillpipe.store.schema import (
+    EMBEDDINGS,
+    END_LOGITS,
+    LENGTH,
+    LOGITS,
+    MLM_ARRAYS,
+    MLM_LOGSUMEXP,
+    MLM_POSITIONS,
+    MLM_TOPK_IDS,
+    MLM_TOPK_LOGITS,
+    START_LOGITS,
+    SignalSpec,
+    attn_probs_array,
+    attn_scores_array,
+    hidden_array,
+    logit_arrays,
+)
 from distillpipe.students.base import StudentOutput
 
 
@@ -74,20 +90,20 @@ def aligned_blocks(cfg: ObjectiveConfig) -> list[int]:
 
 def store_names(cfg: ObjectiveConfig, kind: str, signals: SignalSpec) -> list[str]:
     """The teacher-cache arrays this objective reads (checked against the store by the caller)."""
-    names = ["length"]
+    names = [LENGTH]
     if _weight(cfg, "soft"):
-        names += ["start_logits", "end_logits"] if kind == "qa" else ["logits"]
+        names += logit_arrays("qa" if kind == "qa" else "classification")
     if _weight(cfg, "mlm_kd"):
-        names += ["mlm/positions", "mlm/topk_ids", "mlm/topk_logits", "mlm/logsumexp"]
+        names += MLM_ARRAYS
     aligned = [t for t in cfg.layer_map if t >= 0]
     if _weight(cfg, "hidden"):
-        names += [f"hidden/L{t}" for t in aligned]
+        names += [hidden_array(t) for t in aligned]
     if _weight(cfg, "attn"):
-        names += [f"attn_scores/L{t}" for t in aligned]
+        names += [attn_scores_array(t) for t in aligned]
     if _weight(cfg, "attn_kl"):
-        names += [f"attn_probs/L{t}" for t in aligned]
+        names += [attn_probs_array(t) for t in aligned]
     if _weight(cfg, "embedding"):
-        names += ["embeddings"]
+        names += [EMBEDDINGS]
     return list(dict.fromkeys(names))
 
 
@@ -192,17 +208,17 @@ class Objective(nn.Module):
             return losses.hard_ce(out.mlm_logits.flatten(0, 1), labels.flatten(), IGNORE)
         if term == "soft":
             if self.kind == "classification":
-                return losses.soft_kl(out.logits, tg["logits"], T)
-            return losses.span_kd(out.start_logits, out.end_logits, tg["start_logits"], tg["end_logits"], mask, T)
+                return losses.soft_kl(out.logits, tg[LOGITS], T)
+            return losses.span_kd(out.start_logits, out.end_logits, tg[START_LOGITS], tg[END_LOGITS], mask, T)
         if term == "mlm_kd":
             M = out.mlm_logits.shape[1]  # the batch's most masked positions; the cache pads to its global max
-            positions = tg["mlm/positions"][:, :M].long()  # (B, M)
+            positions = tg[MLM_POSITIONS][:, :M].long()  # (B, M)
             slots = positions >= 0
             if not torch.equal(positions[slots], tg["mlm_positions"][slots]):
                 raise ObjectiveError("the cached MLM positions differ from the tokens' static masks: "
                                      "re-run teacher_cache")
-            return losses.topk_kd(out.mlm_logits[slots], tg["mlm/topk_ids"][:, :M][slots].long(),
-                                  tg["mlm/topk_logits"][:, :M][slots], tg["mlm/logsumexp"][:, :M][slots], T)
+            return losses.topk_kd(out.mlm_logits[slots], tg[MLM_TOPK_IDS][:, :M][slots].long(),
+                                  tg[MLM_TOPK_LOGITS][:, :M][slots], tg[MLM_LOGSUMEXP][:, :M][slots], T)
         if term == "lm":
             lm = out.lm
             if lm.target_ids.numel() == 0:  # no row of the batch has a target
@@ -211,7 +227,7 @@ class Objective(nn.Module):
                 return losses.continuous_cosine(lm.vectors, lm.target_vectors)  # ELMo-C eq. (2)
             return losses.lm_nll(lm.logprob)  # eq. (1)
         if term == "embedding":
-            return losses.embedding_mse(self.embed_proj(out.embeddings), tg["embeddings"], mask)
+            return losses.embedding_mse(self.embed_proj(out.embeddings), tg[EMBEDDINGS], mask)
         base, j = term.split("/")
         j = int(j)
         t_layer = self.cfg.layer_map[j]
@@ -221,10 +237,10 @@ class Objective(nn.Module):
         valid = pooled_mask(mask, self.pool)  # (B, ceil(T/p)) validity of the teacher's pooled positions
         if base == "hidden":
             h = losses.pool_student_hidden(out.hidden[j], s_mask, f)  # (B, ceil(T/p), d_s)
-            target = tg[f"hidden/L{t_layer}"]
+            target = tg[hidden_array(t_layer)]
             fn = losses.hidden_mse if self.cfg.hidden_loss == "mse" else losses.hidden_cosine
             return fn(self.hidden_proj(h), target, valid)
         if base == "attn_kl":  # MiniALBERT eq. (7): token level, per head, KL(teacher || student)
-            return losses.attn_kl(out.attn_scores[j], tg[f"attn_probs/L{t_layer}"], mask)
+            return losses.attn_kl(out.attn_scores[j], tg[attn_probs_array(t_layer)], mask)
         scores = losses.pool_student_scores(out.attn_scores[j], s_mask, f)  # (B, H, ceil(T/p), ceil(T/p))
-        return losses.attn_score_mse(scores, tg[f"attn_scores/L{t_layer}"], valid)
+        return losses.attn_score_mse(scores, tg[attn_scores_array(t_layer)], valid)
