@@ -116,8 +116,8 @@ def lookup_vs_store(device: torch.device, n_rows: int, seq_len: int, d_input: in
     """One epoch's input vectors: gathered from the (V, e) table vs read per token from a store."""
     from distillpipe.store.loader import BlockLoader
     from distillpipe.store.manifest import Manifest, TeacherInfo
+    from distillpipe.store.resume import create_or_resume
     from distillpipe.store.schema import SignalSpec, array_layout
-    from distillpipe.store.writer import create_or_resume
 
     table = torch.randn(vocab, d_input, device=device)
     ids = torch.randint(5, vocab, (n_rows, seq_len), device=device)

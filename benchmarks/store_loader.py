@@ -20,8 +20,8 @@ import numpy as np
 from distillpipe.store.loader import BlockLoader
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.reader import open_store
+from distillpipe.store.resume import create_or_resume
 from distillpipe.store.schema import SignalSpec, array_layout
-from distillpipe.store.writer import create_or_resume
 
 
 def synthetic(manifest: Manifest, i: int) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from store_helpers import shard_arrays, tiny_manifest
 
-from distillpipe.store.writer import create_or_resume
+from distillpipe.store.resume import create_or_resume
 
 
 @pytest.fixture(scope="session")

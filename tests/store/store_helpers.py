@@ -100,7 +100,8 @@ def tree_files(root: Path) -> dict[str, bytes]:
 
 
 def _main(argv: list[str]) -> None:
-    from distillpipe.store.writer import create_or_resume, write_shard
+    from distillpipe.store.resume import create_or_resume
+    from distillpipe.store.writer import write_shard
 
     mode, store = argv[0], Path(argv[1])
     if mode == "write":

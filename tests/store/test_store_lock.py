@@ -12,7 +12,7 @@ from store_helpers import HERE, shard_arrays, tiny_manifest, tree_files
 
 from distillpipe.store.lock import StoreLock, StoreLocked, lock_path
 from distillpipe.store.reader import open_store
-from distillpipe.store.writer import create_or_resume
+from distillpipe.store.resume import create_or_resume
 
 HELPER = str(HERE / "store_helpers.py")
 

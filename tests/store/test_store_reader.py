@@ -10,7 +10,7 @@ from store_helpers import shard_arrays, tiny_manifest
 from distillpipe.store.lock import StoreLocked
 from distillpipe.store.manifest import ManifestMismatch, StoreDamaged, StoreIncomplete
 from distillpipe.store.reader import format_info, open_store
-from distillpipe.store.writer import create_or_resume
+from distillpipe.store.resume import create_or_resume
 
 
 def test_open_refuses_a_mismatch_naming_the_fields(reference_store):

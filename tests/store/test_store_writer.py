@@ -13,8 +13,9 @@ from store_helpers import HERE, full_arrays, shard_arrays, tiny_manifest, tree_f
 
 from distillpipe.store.manifest import StoreIncomplete
 from distillpipe.store.reader import open_store
+from distillpipe.store.resume import create_or_resume
 from distillpipe.store.shards import marked_shards
-from distillpipe.store.writer import create_or_resume, write_shard
+from distillpipe.store.writer import write_shard
 
 HELPER = str(HERE / "store_helpers.py")
 N, SHARD_ROWS = 500, 128

@@ -109,7 +109,7 @@ def through_store(tmp_path, model, spec, batch):
 
     from distillpipe.store.manifest import Manifest, TeacherInfo
     from distillpipe.store.reader import open_store
-    from distillpipe.store.writer import create_or_resume
+    from distillpipe.store.resume import create_or_resume
 
     B, L = batch["input_ids"].shape
     manifest = Manifest(teacher=TeacherInfo(name="tiny", weights_sha256="0" * 64, tokenizer_sha256="0" * 64, config={}),

@@ -1,10 +1,11 @@
-"""Writing a teacher-cache store: create or resume it, write shards, finalize.
+"""Writing a teacher-cache store: write shards, finalize (opening it: :mod:`distillpipe.store.resume`).
 
 Division of labour (so shards can be fanned out over processes or dask workers):
 
-* the **driver** calls :func:`create_or_resume` once, before any shard is written: it creates the
-  store, or resumes it (keeps verified shards, removes ``*.partial`` leftovers, un-marks damaged
-  shards), or rebuilds it when the params, inputs or code changed. It alone writes the manifest.
+* the **driver** calls :func:`~distillpipe.store.resume.create_or_resume` once, before any shard is
+  written: it creates the store, or resumes it (keeps verified shards, removes ``*.partial``
+  leftovers, un-marks damaged shards), or rebuilds it when the params, inputs or code changed.
+  It alone writes the manifest.
 * a **shard writer** (the driver itself or any worker process) calls the self-contained
   :func:`write_shard` ``(store_path, shard_index, arrays)``: it writes that shard's file of every
   array and then its completion marker (:mod:`distillpipe.store.shards`). Writers of different
@@ -13,9 +14,9 @@ Division of labour (so shards can be fanned out over processes or dask workers):
 * the driver folds markers into ``completed_shards`` (:meth:`StoreWriter.record` /
   :meth:`StoreWriter.refresh`) and finally calls :meth:`StoreWriter.finalize`.
 
-One writer per store: :func:`create_or_resume` takes the store's lock (:mod:`distillpipe.store.lock`)
-before it reads, deletes or creates anything, and the :class:`StoreWriter` holds it until
-:meth:`~StoreWriter.finalize` or :meth:`~StoreWriter.close` (or until the process ends): a second
+One writer per store: :func:`~distillpipe.store.resume.create_or_resume` takes the store's lock
+(:mod:`distillpipe.store.lock`) before it reads, deletes or creates anything, and the :class:`StoreWriter`
+holds it until :meth:`~StoreWriter.finalize` or :meth:`~StoreWriter.close` (or until the process ends): a second
 driver on the same store is refused with the owner named.
 
 Every inner chunk ends with its crc32c (``Crc32cCodec`` after Blosc), so a chunk whose bytes changed on
@@ -31,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -45,17 +45,15 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.storage import MemoryStore
 
 from distillpipe.store.lock import StoreLock
-from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete, diff_manifests
+from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete
 from distillpipe.store.schema import ArraySpec, array_layout
 from distillpipe.store.shards import (
     PARTIAL_SUFFIX,
     marked_shards,
     marker_path,
     remove_partials,
-    remove_shard,
     shard_key,
     tree_bytes,
-    verify_shards,
     write_marker,
 )
 
@@ -188,49 +186,6 @@ class StoreWriter:
         self.manifest = manifest
 
 
-def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = True) -> StoreWriter:
-    """Open the store at ``path`` for writing ``manifest``'s cache, keeping any verified progress.
-
-    * no store yet: create it (every array, empty);
-    * a store whose manifest identity (see :mod:`distillpipe.store.manifest`) and array layout
-      equal the new ones: resume. ``*.partial`` leftovers are removed, every marked shard is checked
-      against its marker (sha256 of every file when ``checksum``, else sizes only; hashing a
-      hundreds-of-GB store takes minutes) and a damaged shard is logged, un-marked and left pending;
-    * a store built from other params or inputs: log a WARNING naming the differing fields and
-      rebuild it from empty.
-
-    Takes the store's lock first (:class:`~distillpipe.store.lock.StoreLocked` when another process
-    holds it); the returned writer holds it. ``manifest``'s own ``completed_shards`` is ignored;
-    progress comes from the markers on disk.
-    """
-    root = Path(path)
-    lock = StoreLock(root).acquire()
-    try:
-        return _open_for_writing(root, manifest.with_completed(()), lock, checksum=checksum)
-    except BaseException:
-        lock.release()
-        raise
-
-
-def _open_for_writing(root: Path, manifest: Manifest, lock: StoreLock, *, checksum: bool) -> StoreWriter:
-    old = _existing_manifest(root)
-    if old is not None:
-        differences = diff_manifests(manifest.to_dict(), old.to_dict(), subset=False)
-        differences_text = "; ".join(str(d) for d in differences) or _layout_differences(root, manifest)
-        if differences_text:
-            log.warning(
-                "params, inputs or code changed: rebuilding the teacher cache %s (%s)", root, differences_text
-            )
-            old = None
-    if old is None:
-        if root.exists():
-            shutil.rmtree(root)
-        _create(root, manifest)
-        log.info("created teacher cache %s: %d rows in %d shards", root, manifest.n_rows, manifest.n_shards)
-        return StoreWriter(root, manifest, lock)
-    return _resume(root, manifest, old, lock, checksum=checksum)
-
-
 def write_shard(
     store_path: str | Path,
     shard_index: int,
@@ -280,7 +235,7 @@ def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, 
     Zarr writes no file), encoded in memory by an array with the store's exact metadata."""
     scratch: dict[str, Any] = {}
     array = zarr.create_array(MemoryStore(scratch), name=spec.name, shape=spec.shape, chunks=spec.chunks,
-                              shards=spec.shards, dtype=spec.dtype, compressors=_compressors(),
+                              shards=spec.shards, dtype=spec.dtype, compressors=compressors(),
                               fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
                               dimension_names=spec.dimension_names)
     if array.metadata.to_dict() != metadata.to_dict():  # never encode with codecs the store was not made with
@@ -313,7 +268,7 @@ def store_manifest(store_path: str | Path) -> Manifest:
     return Manifest.from_dict(zarr.open_group(str(store_path), mode="r").attrs[MANIFEST_KEY])
 
 
-def _compressors() -> tuple[Any, ...]:
+def compressors() -> tuple[Any, ...]:
     """Blosc zstd, then a crc32c of the compressed bytes (checked whenever the chunk is read)."""
     return (BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE), Crc32cCodec())
 
@@ -351,85 +306,3 @@ def _cast(a: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
     if a.dtype.kind == "f" and dtype.kind == "f":
         return a.astype(dtype)
     raise TypeError(f"{what} has dtype {a.dtype}, the store holds {dtype}")
-
-
-def _create(root: Path, manifest: Manifest) -> None:
-    """Create the group and every array; the manifest goes in last, so a store without one is a
-    creation that was interrupted."""
-    root.mkdir(parents=True, exist_ok=True)
-    group = zarr.open_group(str(root), mode="w")
-    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
-        group.create_array(
-            spec.name,
-            shape=spec.shape,
-            chunks=spec.chunks,
-            shards=spec.shards,
-            dtype=spec.dtype,
-            compressors=_compressors(),
-            fill_value=spec.fill_value,
-            chunk_key_encoding=CHUNK_KEY_ENCODING,
-            dimension_names=spec.dimension_names,
-        )
-    group.attrs[MANIFEST_KEY] = manifest.to_dict()
-
-
-def _existing_manifest(root: Path) -> Manifest | None:
-    """The manifest of the store at ``root``; None when there is nothing to resume (absent,
-    empty, or a creation that was interrupted). Refuses to delete a folder that is not a store."""
-    if not root.exists():
-        return None
-    if not root.is_dir():
-        raise FileExistsError(f"{root} exists and is not a folder; delete it or choose another teacher cache path")
-    if not (root / "zarr.json").is_file():
-        leftovers = [p.name for p in root.iterdir() if not p.name.endswith(".partial")]
-        if leftovers:
-            raise FileExistsError(
-                f"{root} exists, is not a teacher cache (no zarr.json) and is not empty ({leftovers[:5]}); "
-                "delete it or choose another path"
-            )
-        return None
-    try:
-        attrs = zarr.open_group(str(root), mode="r").attrs.asdict()
-        return Manifest.from_dict(attrs[MANIFEST_KEY])
-    except (KeyError, ValueError, TypeError) as e:  # unparseable metadata or manifest: rebuilt, saying why
-        log.warning("teacher cache %s has no readable manifest (%s: %s); rebuilding it", root, type(e).__name__, e)
-        return None
-
-
-def _layout_differences(root: Path, manifest: Manifest) -> str:
-    """Arrays whose metadata on disk differ from the layout ``manifest`` implies ('' = none)."""
-    group = zarr.open_group(str(root), mode="r")
-    problems = []
-    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
-        try:
-            a = group[spec.name]
-        except KeyError:
-            problems.append(f"{spec.name}: missing")
-            continue
-        have = (tuple(a.shape), tuple(a.chunks), tuple(a.shards or ()), np.dtype(a.dtype))
-        if have != (spec.shape, spec.chunks, spec.shards, spec.dtype):
-            problems.append(f"{spec.name}: shape/chunks/shards/dtype {have} on disk, layout wants "
-                            f"{(spec.shape, spec.chunks, spec.shards, spec.dtype)}")  # fmt: skip
-    return "; ".join(problems)
-
-
-def _resume(root: Path, manifest: Manifest, old: Manifest, lock: StoreLock, *, checksum: bool) -> StoreWriter:
-    removed = remove_partials(root)
-    if removed:
-        log.info("teacher cache %s: removed %d stray *.partial file(s) of interrupted writes", root, len(removed))
-    layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
-    marked = marked_shards(root, manifest.n_shards)
-    good, bad = verify_shards(root, layout, marked, checksum=checksum)
-    for i, problems in bad.items():
-        log.warning("teacher cache %s: shard %d is damaged, recomputing it: %s", root, i, "; ".join(problems))
-        remove_shard(root, layout, i)
-    lost = sorted(set(old.completed_shards) - set(good) - set(bad))
-    if lost:
-        log.warning("teacher cache %s: shards %s were recorded complete but lack a marker; recomputing", root, lost)
-    writer = StoreWriter(root, manifest.with_completed(good), lock)
-    writer._save(writer.manifest)
-    log.info(
-        "resuming teacher cache %s: %d of %d shards complete, %d to write",
-        root, len(good), manifest.n_shards, manifest.n_shards - len(good),
-    )  # fmt: skip
-    return writer

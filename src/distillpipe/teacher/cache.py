@@ -40,8 +40,9 @@ from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
 from distillpipe.scale.machine import ClusterSettings
 from distillpipe.store.manifest import Manifest, TeacherInfo
+from distillpipe.store.resume import create_or_resume
 from distillpipe.store.schema import ROW_INDEX, SignalSpec
-from distillpipe.store.writer import StoreSummary, StoreWriter, create_or_resume, write_shard
+from distillpipe.store.writer import StoreSummary, StoreWriter, write_shard
 from distillpipe.teacher.capture import signal_names, teacher_head
 from distillpipe.teacher.load import load_teacher
 from distillpipe.teacher.shard import compute_shard
