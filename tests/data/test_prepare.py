@@ -112,7 +112,7 @@ def _no_dev_or_test_text_is_trained_on(prepared, cfg):
     a text any student, teacher or the QG model trains on (every train split; the paragraphs augment writes
     questions for), and no dev/test article of a task is an article of a training corpus."""
     from distillpipe.config.augment import AugmentConfig
-    from distillpipe.qg.augment import select_paragraphs
+    from distillpipe.qg.paragraphs import select_paragraphs
 
     fields = {"wiki": ["text"], "polarity": ["text_a"], "wiki_pairs": ["text_a", "text_b"], "wiki_qa": ["context"]}
     trained, held_out = set(), set()

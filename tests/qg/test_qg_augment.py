@@ -17,7 +17,8 @@ from distillpipe.config.augment import AugmentConfig
 from distillpipe.config.base import build
 from distillpipe.identity import sha256_dir
 from distillpipe.qg import QgError
-from distillpipe.qg.augment import augment, select_paragraphs
+from distillpipe.qg.augment import augment
+from distillpipe.qg.paragraphs import select_paragraphs
 
 
 def _cfg(**over):
