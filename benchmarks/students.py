@@ -470,8 +470,7 @@ class Case:
             prepared_dir=None,
             out_dir=out / "student",
             ckpt_dir=out / "ckpt",
-            metrics_path=out / "metrics.json",
-            plots_dir=out / "plots",
+            live_dir=out / "plots",
         )
         return time.perf_counter() - t
 
