@@ -185,8 +185,7 @@ class Case:
         t = time.perf_counter()
         train_student(self.label, model_cfg=self.run.model, run=self.run, loader_cfg=self.loader,
                       device=str(self.device), tokens_dir=self.tokens, store_path=self.store, prepared_dir=None,
-                      out_dir=out / "student", ckpt_dir=out / "ckpt", metrics_path=out / "metrics.json",
-                      plots_dir=out / "plots")
+                      out_dir=out / "student", ckpt_dir=out / "ckpt", live_dir=out / "live")
         return time.perf_counter() - t
 
 

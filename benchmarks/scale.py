@@ -120,7 +120,7 @@ def ddp_step_time(tmp: Path, train_rows: int) -> None:
                "OMP_NUM_THREADS": str(max(1, CORES // nproc))}
         res = subprocess.run([sys.executable, "-m", "distillpipe.cli", "train", "--run", "r", "--tokens", str(tokens),
                               "--teacher-cache", str(tmp / "cls.zarr"), "--prepared", str(tokens), "--out", str(out),
-                              "--checkpoints", f"{out}.ckpt", "--metrics", f"{out}.json", "--plots", f"{out}.plots",
+                              "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live",
                               "--params", str(params)], env=env, capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(res.stderr[-2000:])

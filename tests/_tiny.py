@@ -234,7 +234,7 @@ def run_train_cli(run: str, *, tokens: Path, store: Path, prepared: Path, out: P
         command = ["train-lm", "--word-vectors", str(word_vectors)]
     cmd = [sys.executable, "-c", _TRAIN_DRIVER, *command, "--run", run, "--tokens", str(tokens), "--teacher-cache",
            str(store), "--prepared", str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt",
-           "--metrics", f"{out}.json", "--plots", f"{out}.plots", "--params", str(params)]
+           "--live", f"{out}.live", "--params", str(params)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
 
 
@@ -246,3 +246,16 @@ def local_files(files: dict) -> dict:
     paths = {k: Path(v).resolve() for k, v in files.items()}
     root = Path(os.path.commonpath([str(p.parent) for p in paths.values()]))
     return {"path": str(root), "files": {k: p.relative_to(root).as_posix() for k, p in paths.items()}}
+
+
+def read_curve(live: Path, name: str) -> dict[int, float]:
+    """{step: value} of the curve ``name`` in a dvclive folder, read from its TSV as ``dvc plots`` does
+    (``<live>/plots/metrics/<name>.tsv``, columns step and the name's last part)."""
+    lines = (Path(live) / "plots" / "metrics" / f"{name}.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["step", name.rsplit("/", 1)[-1]], lines[0]
+    return {int(step): float(value) for step, value in (line.split("\t") for line in lines[1:])}
+
+
+def live_files(live: Path) -> dict[str, bytes]:
+    """Every file of a dvclive folder (relative path: bytes)."""
+    return {p.relative_to(live).as_posix(): p.read_bytes() for p in sorted(Path(live).rglob("*")) if p.is_file()}

@@ -61,7 +61,7 @@ for dep in deps:
             h.update(str(f).encode() + f.read_bytes())
 for out in outs:
     p = pathlib.Path(out)
-    if p.suffix in (".json", ".md", ".png"):
+    if p.suffix in (".json", ".md", ".png", ".yaml"):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(h.hexdigest())
     else:

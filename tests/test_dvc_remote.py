@@ -22,7 +22,7 @@ def test_two_clones_share_the_teacher_cache_through_a_remote(tmp_path):
     sh(a, DVC, "remote", "add", "-d", "shared", str(remote))
     sh(a, DVC, "push")
     # cache: false outputs, and the .gitignore files DVC writes beside cached ones (predictions/ is a dep of report)
-    sh(a, "git", "add", "params.yaml", "dvc.lock", ".dvc/config", "metrics", "plots", "reports", "predictions")
+    sh(a, "git", "add", "params.yaml", "dvc.lock", ".dvc/config", "metrics", "live", "reports", "predictions")
     sh(a, "git", "commit", "-qm", "pipeline run")
 
     sh(tmp_path, "git", "clone", "-q", str(a), str(b))

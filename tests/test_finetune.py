@@ -9,7 +9,8 @@ import time
 
 import pytest
 import torch
-from _tiny import finetune_params, make_classification_tokens, make_tiny_bert_dir, write_params
+import yaml
+from _tiny import finetune_params, live_files, make_classification_tokens, make_tiny_bert_dir, read_curve, write_params
 from safetensors.torch import load_file
 
 from distillpipe.assets import tokenizer_sha256
@@ -35,7 +36,7 @@ def test_finetune_learns_and_saves(toy, tmp_path):
     before = _files(tokens)
     cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=3, max_train_rows=200), "teacher_finetune.tasks.toy")
     s = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
-                         tmp_path / "metrics.json")
+                         tmp_path / "live")
     assert _files(tokens) == before, "fine-tuning must not write into its input (another stage's DVC output)"
     assert s.steps == 3 * 200 // 8
     assert s.metrics["accuracy"] > 0.9, s.metrics  # 'contains token 7' is easy
@@ -44,7 +45,14 @@ def test_finetune_learns_and_saves(toy, tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
     assert model.config.num_labels == 2 and model.config.id2label[1] == "yes"
     assert tokenizer_sha256(tmp_path / "out") == tokenizer_sha256(base)  # tokens stay valid for this teacher
-    assert json.loads((tmp_path / "metrics.json").read_text())["accuracy"] == s.metrics["accuracy"]
+    # dvclive: the teacher schema (no test split here), the loss and lr of every step, the task's params
+    assert json.loads((tmp_path / "live" / "metrics.json").read_text()) == {
+        "dev": s.metrics["accuracy"], "metric": "accuracy", "step": s.steps}
+    assert list(read_curve(tmp_path / "live", "train/loss")) == list(range(1, s.steps + 1))
+    lr = read_curve(tmp_path / "live", "train/lr")
+    # no warm-up (warmup_fraction 0): the step-k rate of a linear decay to 0 over the run, k = 1, 2, ...
+    assert lr == pytest.approx({k: 2e-3 * (s.steps - k + 1) / s.steps for k in range(1, s.steps + 1)}, rel=1e-9)
+    assert yaml.safe_load((tmp_path / "live" / "params.yaml").read_text()) == {"task": "toy", **cfg.__dict__}
 
 
 def test_regression_is_cast_to_bins(toy, tmp_path):
@@ -64,13 +72,13 @@ def test_wrong_task_config_is_refused(toy, tmp_path):
     base, tokens = toy
     cfg = build(TeacherFinetuneTaskConfig, finetune_params(regression_bin_width=0.2), "t")
     with pytest.raises(FinetuneError, match="regression_bin_width must be set for regression tasks and null otherwise"):
-        finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "o", tmp_path / "c", tmp_path / "m.json")
+        finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "o", tmp_path / "c", tmp_path / "l")
 
 
 def _cli(params, base, tokens, out, ckpt):
     return [sys.executable, "-m", "distillpipe.cli", "teacher-finetune", "--task", "toy", "--base", str(base),
             "--tokens", str(tokens), "--prepared", str(tokens), "--out", str(out), "--checkpoints", str(ckpt),
-            "--metrics", str(out) + ".json", "--params", str(params)]
+            "--live", str(out) + ".live", "--params", str(params)]
 
 
 def test_killed_run_resumes_to_identical_weights(toy, tmp_path):
@@ -102,6 +110,9 @@ def test_killed_run_resumes_to_identical_weights(toy, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    # the per-step curves come from the checkpointed log: no step lost or repeated by the kill
+    assert live_files(tmp_path / "ref.live") == live_files(tmp_path / "out.live")
+    assert list(read_curve(tmp_path / "out.live", "train/loss")) == list(range(1, 6 * 256 // 8 + 1))
 
 
 def test_qa_test_scores_use_the_dev_threshold(tmp_path):
@@ -111,7 +122,9 @@ def test_qa_test_scores_use_the_dev_threshold(tmp_path):
     prepared, tokens = make_qa_tokens(tmp_path, base, n_test=24)
     cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=1), "teacher_finetune.tasks.toy_qa")
     s = finetune_teacher("toy_qa", base, tokens, prepared, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
-                         tmp_path / "metrics.json")
+                         tmp_path / "live")
     recorded = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert recorded["test"]["total"] == 24 and "threshold" in s.metrics
     assert recorded["test"]["threshold"] == recorded["threshold"] == s.metrics["threshold"]
+    live = json.loads((tmp_path / "live" / "metrics.json").read_text())
+    assert live == {"dev": recorded["f1"], "test": recorded["test"]["f1"], "metric": "f1", "step": s.steps}

@@ -8,7 +8,7 @@ imports that would hide an edge). ``tests/test_layers.py`` checks every import a
 __version__ = "0.1.0"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "identity", "progress", "runtime", "checkpoints", "pooling"),  # plain helpers, no distillpipe imports
+    ("errors", "identity", "progress", "runtime", "checkpoints", "pooling", "tracking"),  # plain helpers
     ("config",),            # params.yaml sections as dataclasses
     ("assets",),            # where models, tokenizers and packaged data come from
     ("store",),             # the teacher cache's on-disk format: schema, manifest, writer, reader, loader

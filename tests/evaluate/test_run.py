@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir, signals
+from _tiny import TINY_WALDORF, live_files, make_qa_tokens, make_tiny_bert_dir, signals
 
 from distillpipe.config.base import build
 from distillpipe.config.evaluate import EvaluateConfig, EvaluateRunConfig
@@ -41,7 +41,7 @@ def qa_student(tmp_path_factory):
         "note": "test"}, "train.runs.w")
     train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=tokens, store_path=root / "qa.zarr", prepared_dir=prepared, out_dir=root / "w",
-                  ckpt_dir=root / "ck", metrics_path=root / "m.json", plots_dir=root / "p")
+                  ckpt_dir=root / "ck", live_dir=root / "p")
     return {"teacher": teacher, "prepared": prepared, "tokens": tokens, "student": root / "w"}
 
 
@@ -54,7 +54,7 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     res = evaluate_run("w", cfg, build(EvaluateRunConfig, {"dataset": "toy_qa", "teacher": "t"}, "run"),
                        student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
                        prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out,
-                       predictions_path=tmp_path / "w.predictions.json")
+                       predictions_path=tmp_path / "w.predictions.json", live_dir=tmp_path / "w.live")
     # only test was asked for; dev is scored too, because test needs its threshold
     assert res["dev"] is not None and res["test"] is not None and res["test"]["total"] == 24
     assert res["test"]["threshold"] == res["dev"]["threshold"]
@@ -82,11 +82,13 @@ def test_evaluate_twice_gives_byte_identical_metrics(qa_student, tmp_path):
     for out in paths:
         evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
                      prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out,
-                     predictions_path=out.with_suffix(".predictions.json"))
+                     predictions_path=out.with_suffix(".predictions.json"), live_dir=out.with_suffix(".live"))
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert "per_s" not in paths[0].read_text() and "speed" not in json.loads(paths[0].read_text())
     preds = [p.with_suffix(".predictions.json") for p in paths]
     assert preds[0].read_bytes() == preds[1].read_bytes()
+    live = [live_files(p.with_suffix(".live")) for p in paths]
+    assert live[0] == live[1] and set(live[0]) == {"metrics.json", "params.yaml"}
 
 
 def test_predictions_reproduce_the_reported_scores(qa_student, tmp_path):
@@ -98,7 +100,13 @@ def test_predictions_reproduce_the_reported_scores(qa_student, tmp_path):
                                  "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
     res = evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
                        prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"],
-                       out_path=tmp_path / "m.json", predictions_path=tmp_path / "p.json")
+                       out_path=tmp_path / "m.json", predictions_path=tmp_path / "p.json", live_dir=tmp_path / "live")
+    # the dvclive summary: the evaluation schema, the student's test score first
+    live = json.loads((tmp_path / "live" / "metrics.json").read_text())
+    t = res["teacher"]
+    assert list(live.items()) == [("test", res["test"]["f1"]), ("dev", res["dev"]["f1"]),
+                                  ("teacher_test", t["test"]["f1"]), ("teacher_dev", t["dev"]["f1"]), ("metric", "f1"),
+                                  ("params", res["params"]["total"])]
     preds = json.loads((tmp_path / "p.json").read_text())
     assert preds["teacher"]["name"] == "t" and preds["task_type"] == "qa"
     for who, scores in (("student", res), ("teacher", res["teacher"])):

@@ -169,7 +169,7 @@ def test_adapter_tuning_moves_only_adapters_and_head(tmp_path):
         "note": "adapters"}, "finetune.runs.a")
     train_student("a", model_cfg=cfg(), run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=data["tokens"], store_path=data["store"], prepared_dir=None, out_dir=tmp_path / "a",
-                  ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json", plots_dir=tmp_path / "p",
+                  ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "p",
                   init_dir=tmp_path / "init")
     tuned, record = load_student(tmp_path / "a", torch.device("cpu"))
     before = init.state_dict()

@@ -35,7 +35,7 @@ def headless(tmp_path_factory):
     cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=12, batch_size=16, lr=1e-2, checkpoint_every=100),
                 "teacher_finetune.tasks.toy_mlm")
     summary = finetune_teacher("toy_mlm", base, tokens, tokens, cfg, "cpu", root / "teacher", root / "ck",
-                               root / "metrics.json")
+                               root / "live")
     return {"root": root, "base": base, "tokens": tokens, "summary": summary}
 
 
@@ -109,7 +109,7 @@ def test_a_teacher_with_its_mlm_head_is_kept_as_it_is(tmp_path):
     tokens = _tokens(tmp_path, base)
     params = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=16), "teacher_finetune.tasks.x")
     summary = finetune_teacher("toy_mlm", base, tokens, tokens, params, "cpu", tmp_path / "teacher", tmp_path / "ck",
-                               tmp_path / "m.json")
+                               tmp_path / "live")
     assert summary.steps == 0
     before, after = load_file(base / "model.safetensors"), load_file(tmp_path / "teacher" / "model.safetensors")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from _tiny import make_classification_store, write_params
+from _tiny import live_files, make_classification_store, read_curve, write_params
 
 # Imported by every Python process that has its folder on PYTHONPATH: in torchrun's rank 1, SIGKILL the process
 # once the checkpoint of step $KILL_AT_STEP is on disk (after the barrier that follows a checkpoint, where every
@@ -52,14 +52,15 @@ def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None):
                                                                "runs": {"r": _run(dropout)}}})
     args = ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache", str(toy["store"]),
             "--prepared", str(toy["tokens"]), "--out", str(out), "--checkpoints", f"{out}.ckpt",
-            "--metrics", f"{out}.json", "--plots", f"{out}.plots", "--params", str(params)]
+            "--live", f"{out}.live", "--params", str(params)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTILLPIPE_MACHINE": str(toy["root"] / "machine.yaml"),
            "DISTILLPIPE_NPROC": str(nproc)}
     if kill_at is not None:
         hook = tmp_path / "hook"
         hook.mkdir(exist_ok=True)
         (hook / "sitecustomize.py").write_text(KILL_HOOK)
-        env.update(KILL_AT_STEP=str(kill_at), CKPT_DIR=f"{out}.ckpt", PYTHONPATH=str(hook))
+        path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))  # the hook, then the caller's
+        env.update(KILL_AT_STEP=str(kill_at), CKPT_DIR=f"{out}.ckpt", PYTHONPATH=path)
     cmd = [sys.executable, "-m", "distillpipe.cli", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -80,12 +81,11 @@ def test_two_processes_give_the_weights_of_one(toy, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
-    steps_one = (tmp_path / "one.plots" / "steps.csv").read_text().splitlines()
-    steps_two = (tmp_path / "two.plots" / "steps.csv").read_text().splitlines()
-    assert len(steps_one) == len(steps_two) == 17  # header + 16 steps
-    for x, y in zip(steps_one[1:], steps_two[1:]):  # the logged loss is the global batch's (averaged over ranks)
-        loss_x, loss_y = float(x.split(",")[4]), float(y.split(",")[4])
-        assert loss_x == pytest.approx(loss_y, rel=1e-4)
+    loss_one = read_curve(tmp_path / "one.live", "train/loss")
+    loss_two = read_curve(tmp_path / "two.live", "train/loss")
+    assert list(loss_one) == list(loss_two) == list(range(1, 17))
+    # the logged loss is the global batch's (averaged over ranks)
+    assert list(loss_one.values()) == pytest.approx(list(loss_two.values()), rel=1e-4)
 
 
 def test_killed_rank_fails_cleanly_and_the_rerun_resumes_every_rank_exactly(toy, tmp_path):
@@ -100,3 +100,4 @@ def test_killed_rank_fails_cleanly_and_the_rerun_resumes_every_rank_exactly(toy,
     assert "resuming r at step 8/16" in resumed.stderr
     a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "run")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert live_files(tmp_path / "ref.live") == live_files(tmp_path / "run.live")  # rank 0 writes them from the logs

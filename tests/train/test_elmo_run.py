@@ -80,7 +80,7 @@ def _train(toy, tmp_path, run, name, table="wv", **kw):
     return train_student(name, model_cfg=rcfg.model, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
                          device="cpu", tokens_dir=toy["tokens"], store_path=toy["store"], prepared_dir=None,
                          out_dir=tmp_path / name, ckpt_dir=tmp_path / f"{name}.ckpt",
-                         metrics_path=tmp_path / f"{name}.json", plots_dir=tmp_path / f"{name}.plots",
+                         live_dir=tmp_path / f"{name}.plots",
                          word_vectors=toy[table], **kw)
 
 
@@ -110,7 +110,7 @@ def test_frozen_feature_finetune_keeps_the_lm_bit_identical(toy, tmp_path):
     model_cfg = load_student(tmp_path / "lm", torch.device("cpu"))[1]["model"]
     train_student("ft", model_cfg=model_cfg, run=run, loader_cfg=build(LoaderConfig, LOADER, "loader"), device="cpu",
                   tokens_dir=cls["tokens"], store_path=cls["store"], prepared_dir=None, out_dir=tmp_path / "ft",
-                  ckpt_dir=tmp_path / "ft.ckpt", metrics_path=tmp_path / "ft.json", plots_dir=tmp_path / "ft.plots",
+                  ckpt_dir=tmp_path / "ft.ckpt", live_dir=tmp_path / "ft.plots",
                   init_dir=tmp_path / "lm")
     lm = torch.load(tmp_path / "lm" / "model.pt", weights_only=True)
     ft = torch.load(tmp_path / "ft" / "model.pt", weights_only=True)

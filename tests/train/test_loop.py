@@ -6,7 +6,17 @@ import json
 import numpy as np
 import pytest
 import torch
-from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
+import yaml
+from _tiny import (
+    live_files,
+    make_classification_tokens,
+    make_mlm_tokens,
+    make_tiny_bert_dir,
+    read_curve,
+    run_train_cli,
+    signals,
+    write_params,
+)
 
 from distillpipe.config.base import build
 from distillpipe.config.finetune import FinetuneRunConfig
@@ -71,7 +81,7 @@ def _train(toy, tmp_path, run: dict, *, kind="cls", name="run", init=None, finet
     return train_student(name, model_cfg=model_cfg, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
                          device="cpu", tokens_dir=toy[kind], store_path=toy[f"{kind}_store"], prepared_dir=None,
                          out_dir=tmp_path / name, ckpt_dir=tmp_path / f"{name}.ckpt",
-                         metrics_path=tmp_path / f"{name}.json", plots_dir=tmp_path / f"{name}.plots", init_dir=init)
+                         live_dir=tmp_path / f"{name}.live", init_dir=init)
 
 
 def test_task_distillation_learns_and_saves(toy, tmp_path):
@@ -80,11 +90,19 @@ def test_task_distillation_learns_and_saves(toy, tmp_path):
     assert s.dev["accuracy"] >= 0.9, s  # 'contains token 7' is easy for a bag of words
     _, record = load_student(tmp_path / "run", torch.device("cpu"))
     assert record["dev"] == s.dev and record["steps"] == s.steps
-    metrics = json.loads((tmp_path / "run.json").read_text())
-    assert metrics["dev"]["accuracy"] == s.dev["accuracy"] and metrics["train_rows"] == 96
-    steps_csv = (tmp_path / "run.plots" / "steps.csv").read_text().splitlines()
-    assert steps_csv[0].split(",")[:3] == ["step", "epoch", "lr"] and "soft" in steps_csv[0]
-    assert len(steps_csv) == 1 + s.steps
+    # dvclive: the training schema, headline first; one value per step for the loss, its terms and the lr
+    metrics = json.loads((tmp_path / "run.live" / "metrics.json").read_text())
+    assert metrics == {"dev": s.dev["accuracy"], "metric": "accuracy", "best_step": s.best_step, "step": s.steps}
+    assert list(metrics) == ["dev", "metric", "best_step", "step"]
+    for name in ("train/loss", "train/lr", "train/temperature", "train/hard", "train/soft"):
+        assert list(read_curve(tmp_path / "run.live", name)) == list(range(1, s.steps + 1)), name
+    lr = read_curve(tmp_path / "run.live", "train/lr")  # no warmup, linear decay to 0 over the run
+    assert lr == pytest.approx({k: 3e-3 * (1 - (k - 1) / s.steps) for k in range(1, s.steps + 1)}, rel=1e-12)
+    assert read_curve(tmp_path / "run.live", "train/temperature") == dict.fromkeys(lr, 1.0)
+    dev = read_curve(tmp_path / "run.live", "dev/accuracy")  # eval_every 0: at each epoch's end
+    assert list(dev) == list(range(12, s.steps + 1, 12)) and dev[s.best_step] == max(dev.values()) == s.dev["accuracy"]
+    params = yaml.safe_load((tmp_path / "run.live" / "params.yaml").read_text())
+    assert params == _cls_run(optim=_optim(epochs=12))  # the run's params as given
     assert not any((tmp_path / "run.ckpt").glob("*.pt")), "checkpoints are cleared once the student is saved"
 
 
@@ -93,9 +111,8 @@ def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
                "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2]), "optim": _optim(epochs=2)}
     s = _train(toy, tmp_path, general, kind="mlm", name="general")
     first = s.steps
-    steps = [line.split(",") for line in (tmp_path / "general.plots" / "steps.csv").read_text().splitlines()]
-    header = steps[0]
-    hidden = [float(r[header.index("hidden/0")]) for r in steps[1:]]
+    hidden = list(read_curve(tmp_path / "general.live", "train/hidden/0").values())
+    assert len(hidden) == first
     assert np.mean(hidden[-4:]) < np.mean(hidden[:4]), "the hidden-state loss falls"
     assert "mlm_accuracy" in s.dev and first == 2 * 64 // 8
 
@@ -124,9 +141,9 @@ def test_tune_head_trains_only_the_head(toy, tmp_path):
     gs, fs = g.state_dict(), f.state_dict()
     encoder = [k for k in gs if not k.startswith("head.")]
     assert encoder and all(torch.equal(gs[k], fs[k]) for k in encoder)
-    metrics = json.loads((tmp_path / "ft.json").read_text())
+    record = load_student(tmp_path / "ft", torch.device("cpu"))[1]
     head = sum(p.numel() for n, p in f.named_parameters() if n.startswith("head."))
-    assert metrics["trainable_params"] == head < metrics["params"] == sum(p.numel() for p in f.parameters())
+    assert record["trainable_params"] == head < sum(p.numel() for p in f.parameters())
     _train(toy, tmp_path, {**ft, "optim": _optim(epochs=0)}, name="ft0", init=tmp_path / "init", finetune=True)
     h0 = load_student(tmp_path / "ft0", torch.device("cpu"))[0].state_dict()  # the same seeded head, untrained
     assert any(not torch.equal(h0[k], fs[k]) for k in fs if k.startswith("head.")), "the head trained"
@@ -139,8 +156,8 @@ def test_early_stopping_keeps_the_best_weights(toy, tmp_path):
     run = _cls_run(optim=_optim(epochs=50, lr=1e-12, eval_every=2, patience=3))
     s = _train(toy, tmp_path, run)
     assert s.stopped_early and s.steps == 2 * 4 and s.best_step == 2
-    dev = (tmp_path / "run.plots" / "dev.csv").read_text().splitlines()
-    assert len(dev) == 1 + 4  # evaluations at steps 2, 4, 6, 8
+    assert list(read_curve(tmp_path / "run.live", "dev/accuracy")) == [2, 4, 6, 8]
+    assert json.loads((tmp_path / "run.live" / "metrics.json").read_text())["best_step"] == 2
 
 
 def test_missing_teacher_signal_is_a_clear_error(toy, tmp_path):
@@ -182,7 +199,13 @@ def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
     a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert (tmp_path / "ref.plots" / "steps.csv").read_text() == (tmp_path / "res.plots" / "steps.csv").read_text()
+    # the dvclive folder is written from the checkpointed logs: the same bytes as the straight run's, no
+    # step repeated (the killed run's steps 13.. were never written)
+    ref_live, res_live = live_files(tmp_path / "ref.live"), live_files(tmp_path / "res.live")
+    assert ref_live == res_live
+    assert list(read_curve(tmp_path / "res.live", "train/loss")) == list(range(1, 25))
+    assert list(read_curve(tmp_path / "res.live", "dev/accuracy")) == [6, 12, 18, 24]
+    assert {"metrics.json", "params.yaml", "plots/metrics/train/soft.tsv"} <= set(res_live)
 
 
 def _unlabeled_copy(toy, root):
@@ -210,16 +233,13 @@ def test_augmented_rows_are_mixed_in_with_teacher_losses_only(toy, tmp_path):
     rcfg = build(TrainAugRunConfig, {**_cls_run(optim=_optim(epochs=1)), "augment": "toy_aug"}, "runs.aug")
     s = train_student("aug", model_cfg=rcfg.model, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
                       device="cpu", tokens_dir=toy["cls"], store_path=toy["cls_store"], prepared_dir=None,
-                      out_dir=tmp_path / "aug", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
-                      plots_dir=tmp_path / "p", augment=("toy_aug", aug_tokens, aug_store))
+                      out_dir=tmp_path / "aug", ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "p",
+                      augment=("toy_aug", aug_tokens, aug_store))
     assert s.steps == 96 // 8 + 96 // 8  # one epoch of each source, interleaved
-    rows = [line.split(",") for line in (tmp_path / "p" / "steps.csv").read_text().splitlines()]
-    hard = [r[rows[0].index("hard")] for r in rows[1:]]
-    soft = [r[rows[0].index("soft")] for r in rows[1:]]
-    assert all(soft) and hard.count("") == 12, "augmented batches have no ground-truth term"
-    unlabeled = [i for i, h in enumerate(hard) if h == ""]
-    assert unlabeled not in (list(range(12)), list(range(12, 24))), "the sources are interleaved, not concatenated"
-    assert json.loads((tmp_path / "m.json").read_text())["train_rows"] == 192
+    hard, soft = read_curve(tmp_path / "p", "train/hard"), read_curve(tmp_path / "p", "train/soft")
+    assert list(soft) == list(range(1, 25)) and len(hard) == 12, "augmented batches have no ground-truth term"
+    unlabeled = [step for step in soft if step not in hard]
+    assert unlabeled not in (list(range(1, 13)), list(range(13, 25))), "the sources are interleaved, not concatenated"
 
 
 def test_mixture_resumes_mid_epoch_with_the_same_batches(toy):
@@ -266,13 +286,14 @@ def test_early_stopping_survives_a_kill_after_its_checkpoint(toy, tmp_path):
                                                                "runs": {"toy-run": run}}})
     ref = _cli(toy, params, tmp_path / "ref")
     assert ref.returncode == 0 and "stopped early" in ref.stdout, ref.stderr
-    stop = json.loads((tmp_path / "ref.json").read_text())["steps"]
+    stop = json.loads((tmp_path / "ref.live" / "metrics.json").read_text())["step"]
     assert stop < 12 * 12  # it did stop early
     killed = _cli(toy, params, tmp_path / "res", kill_at=stop)
     assert killed.returncode == -9, killed.stderr
     resumed = _cli(toy, params, tmp_path / "res")
     assert resumed.returncode == 0 and f"resuming toy-run at step {stop}/" in resumed.stderr, resumed.stderr
-    assert json.loads((tmp_path / "res.json").read_text())["steps"] == stop
+    assert json.loads((tmp_path / "res.live" / "metrics.json").read_text())["step"] == stop
+    assert live_files(tmp_path / "res.live") == live_files(tmp_path / "ref.live")
     a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -138,8 +138,7 @@ def _train(mlm, tmp_path, name, epochs):
         "note": "test"}, f"train.runs.{name}")
     train_student(name, model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=mlm["tokens"], store_path=mlm["store"], prepared_dir=None, out_dir=tmp_path / name,
-                  ckpt_dir=tmp_path / f"{name}.ck", metrics_path=tmp_path / f"{name}.json",
-                  plots_dir=tmp_path / f"{name}.p")
+                  ckpt_dir=tmp_path / f"{name}.ck", live_dir=tmp_path / f"{name}.p")
     return load_student(tmp_path / name, torch.device("cpu"))[0]
 
 

@@ -69,7 +69,7 @@ def stsb(tmp_path_factory, shared_data):
     tcfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=32, lr=1e-3, checkpoint_every=1000,
                                                             regression_bin_width=WIDTH), "teacher_finetune.tasks.stsb")
     teacher = finetune_teacher("stsb", base, tokens, root / "prepared", tcfg, "cpu", root / "teacher", root / "tck",
-                               root / "teacher.json")
+                               root / "teacher.live")
     cache_cfg = build(TeacherCacheDatasetConfig, {
         "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
@@ -115,8 +115,7 @@ def test_student_learns_the_bins_and_is_scored_by_the_expected_value(stsb, tmp_p
     run = _run({"hard": 0.5, "soft": 0.5})
     summary = train_student("stsb", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(64, 4, 1), device="cpu",
                             tokens_dir=stsb["tokens"], store_path=root / "stsb.zarr", prepared_dir=stsb["prepared"],
-                            out_dir=tmp_path / "student", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
-                            plots_dir=tmp_path / "plots")
+                            out_dir=tmp_path / "student", ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "plots")
     assert summary.metric == "pearson"
     model, record = load_student(tmp_path / "student", torch.device("cpu"))
     teacher_bins = len(json.loads((stsb["teacher"] / "config.json").read_text())["id2label"])
@@ -126,7 +125,7 @@ def test_student_learns_the_bins_and_is_scored_by_the_expected_value(stsb, tmp_p
                                   "runs": {"stsb": {"dataset": "stsb", "teacher": "stsb"}}}, "evaluate")
     res = evaluate_run("stsb", ecfg, ecfg.runs["stsb"], student_dir=tmp_path / "student", tokens_dir=stsb["tokens"],
                        prepared_dir=stsb["prepared"], teacher_dir=stsb["teacher"], out_path=tmp_path / "e.json",
-                       predictions_path=tmp_path / "p.json")
+                       predictions_path=tmp_path / "p.json", live_dir=tmp_path / "e.live")
     assert res["primary_metric"] == "pearson" and res["task_type"] == "regression"
 
     # reference: the student's bin logits -> expected score -> SciPy correlations, computed here
@@ -167,5 +166,4 @@ def test_regression_needs_a_teacher_fine_tuned_on_bins(stsb, tmp_path):
     with pytest.raises(ValueError, match="regression_bin_width"):
         train_student("stsb", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(64, 4, 1), device="cpu",
                       tokens_dir=stsb["tokens"], store_path=tmp_path / "c.zarr", prepared_dir=stsb["prepared"],
-                      out_dir=tmp_path / "student", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
-                      plots_dir=tmp_path / "plots")
+                      out_dir=tmp_path / "student", ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "plots")

@@ -44,8 +44,7 @@ def _init_student(toy, folder, seed):
     shutil.rmtree(folder, ignore_errors=True)
     train_student("gen", model_cfg=run.model, run=run, loader_cfg=build(LoaderConfig, LOADER, "loader"),
                   device="cpu", tokens_dir=toy["tokens"], store_path=toy["store"], prepared_dir=None, out_dir=folder,
-                  ckpt_dir=folder.with_suffix(".ckpt"), metrics_path=folder.with_suffix(".json"),
-                  plots_dir=folder.with_suffix(".plots"))
+                  ckpt_dir=folder.with_suffix(".ckpt"), live_dir=folder.with_suffix(".plots"))
     return folder
 
 

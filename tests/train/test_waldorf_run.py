@@ -1,11 +1,18 @@
 """WaLDORf through the same loop: QA tokens from the real tokenize stage, a cache with start/end logits,
 4x-pooled hidden states and max-pooled attention scores, the slow-build schedule, SQuAD v2 dev metrics."""
 
-import csv
-
 import pytest
 import torch
-from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir, run_train_cli, signals, write_params
+from _tiny import (
+    TINY_WALDORF,
+    live_files,
+    make_qa_tokens,
+    make_tiny_bert_dir,
+    read_curve,
+    run_train_cli,
+    signals,
+    write_params,
+)
 
 from distillpipe.config.base import build
 from distillpipe.config.run import LoaderConfig
@@ -43,20 +50,22 @@ def test_slow_build_switches_terms_on_in_order(qa, tmp_path):
     run = _run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4})
     s = train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                       tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
-                      out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
-                      plots_dir=tmp_path / "p")
+                      out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "p")
     assert s.steps == 30 and s.metric == "f1"
     assert {"exact", "f1", "HasAns_exact", "NoAns_exact"} <= set(s.dev)
-    rows = list(csv.DictReader((tmp_path / "p" / "steps.csv").read_text().splitlines()))
+    # the dvclive curves, one per loss term: a term's curve has the steps it was on (steps count from 1)
+    terms = {name: read_curve(tmp_path / "p", f"train/{name}") for name in ("hidden/0", "attn/0", "hidden/1", "attn/1",
+                                                                             "soft", "hard")}
+    on = [{name for name, curve in terms.items() if step in curve} for step in range(1, 31)]
     # no embedding loss -> block 0 from step 0, block 1 from step 8, the output losses from step 16 (eq. 9)
-    on = [{k for k, v in r.items() if k.split("/")[0] in ("hidden", "attn", "soft", "hard") and v} for r in rows]
     assert on[0] == {"hidden/0", "attn/0"} and on[7] == {"hidden/0", "attn/0"}
     assert on[8] == {"hidden/0", "attn/0", "hidden/1", "attn/1"}
     assert on[16] >= {"soft", "hidden/1"} and all("soft" not in t for t in on[:16])
-    assert [r["phase"] for r in rows[:1] + rows[8:9] + rows[16:17]] == ["build/block0", "build/block1", "final"]
-    lrs = [float(r["lr"]) for r in rows]
+    lrs = list(read_curve(tmp_path / "p", "train/lr").values())
     assert lrs[0] == lrs[15] == 1e-3 and lrs[16] > lrs[20] > lrs[29] > 0  # constant, then linear decay
-    hidden0 = [float(r["hidden/0"]) for r in rows]
+    temps = list(read_curve(tmp_path / "p", "train/temperature").values())
+    assert temps[0] == temps[15] == 3.0 and temps[16] > temps[29] >= 1.0  # T0 while building, then towards 1
+    hidden0 = list(terms["hidden/0"].values())
     assert hidden0[15] < hidden0[0], "block 0 learns its hidden-state target during the build-up"
     model, record = load_student(tmp_path / "w", torch.device("cpu"))
     assert record["kind"] == "qa" and type(model).__name__ == "WaLDORf"
@@ -69,8 +78,7 @@ def test_student_heads_must_match_teacher_heads_for_the_attention_loss(qa, tmp_p
     with pytest.raises(Exception, match=r"as many student heads as teacher heads \(4\)"):
         train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                       tokens_dir=qa["tokens"], store_path=qa["store"], prepared_dir=qa["prepared"],
-                      out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", metrics_path=tmp_path / "m.json",
-                      plots_dir=tmp_path / "p")
+                      out_dir=tmp_path / "w", ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "p")
 
 
 def _asdict(run):
@@ -103,3 +111,4 @@ def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path)
     a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert live_files(tmp_path / "ref.live") == live_files(tmp_path / "res.live")  # curves and summary too

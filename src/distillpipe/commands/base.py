@@ -32,8 +32,7 @@ CacheOpt = Annotated[Path, typer.Option("--teacher-cache", help="teacher-cache s
 PreparedOpt = Annotated[Path, typer.Option("--prepared", help="prepared dataset folder (QA contexts for dev EM/F1)")]
 StudentOutOpt = Annotated[Path, typer.Option("--out", help="output student folder")]
 CheckpointsOpt = Annotated[Path, typer.Option("--checkpoints", help="checkpoint folder (resume: auto)")]
-TrainMetricsOpt = Annotated[Path, typer.Option("--metrics", help="training metrics JSON to write")]
-PlotsOpt = Annotated[Path, typer.Option("--plots", help="folder for per-step and per-evaluation CSVs (dvc plots)")]
+LiveOpt = Annotated[Path, typer.Option("--live", help="dvclive folder to write (metrics.json, params.yaml, plots/)")]
 
 
 def setup_logging() -> None:

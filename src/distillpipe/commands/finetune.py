@@ -11,13 +11,12 @@ import typer
 from distillpipe.commands.base import (
     CacheOpt,
     CheckpointsOpt,
+    LiveOpt,
     ParamsOpt,
-    PlotsOpt,
     PreparedOpt,
     RunOpt,
     StudentOutOpt,
     TokensOpt,
-    TrainMetricsOpt,
     check_dataset,
     entry_point,
     named_entry,
@@ -39,8 +38,7 @@ def finetune(run: RunOpt,
              prepared: PreparedOpt,
              out: StudentOutOpt,
              checkpoints: CheckpointsOpt,
-             metrics: TrainMetricsOpt,
-             plots: PlotsOpt,
+             live: LiveOpt,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune a trained student's encoder on a task with a fresh head (task-specific distillation)."""
     students = load_machine().students
@@ -54,7 +52,7 @@ def finetune(run: RunOpt,
         raise ConfigError(f"finetune.runs.{run}.init is {rcfg.init!r} but {init} holds the student {record['name']!r}")
     summary = train_student(run, model_cfg=record["model"], run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
-                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            ckpt_dir=checkpoints, live_dir=live,
                             loader_workers=students.loader_workers, init_dir=init)
     if is_main_process():
         typer.echo(summary.one_line())

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from distillpipe.commands.base import CheckpointsOpt, ParamsOpt, entry_point, named_entry, user_errors
+from distillpipe.commands.base import CheckpointsOpt, LiveOpt, ParamsOpt, entry_point, named_entry, user_errors
 from distillpipe.config.base import load_section
 from distillpipe.config.teacher_finetune import TeacherFinetuneConfig
 from distillpipe.train.teacher_finetune import finetune_teacher
@@ -20,12 +20,12 @@ def teacher_finetune(task: Annotated[str, typer.Option(help="a key of teacher_fi
                      prepared: Annotated[Path, typer.Option(help="prepared task folder (QA contexts for dev EM/F1)")],
                      out: Annotated[Path, typer.Option(help="output model folder")],
                      checkpoints: CheckpointsOpt,
-                     metrics: Annotated[Path, typer.Option(help="dev metrics JSON to write")],
+                     live: LiveOpt,
                      params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune the teacher on a task; resumes from its checkpoints; writes the model and dev metrics."""
     cfg = load_section(params, "teacher_finetune", TeacherFinetuneConfig)
     tcfg = named_entry(cfg, task, params, "teacher_finetune", "tasks")
-    summary = finetune_teacher(task, base, tokens, prepared, tcfg, cfg.device, out, checkpoints, metrics)
+    summary = finetune_teacher(task, base, tokens, prepared, tcfg, cfg.device, out, checkpoints, live)
     typer.echo(summary.one_line())
 
 

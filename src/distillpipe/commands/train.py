@@ -9,13 +9,12 @@ import typer
 from distillpipe.commands.base import (
     CacheOpt,
     CheckpointsOpt,
+    LiveOpt,
     ParamsOpt,
-    PlotsOpt,
     PreparedOpt,
     RunOpt,
     StudentOutOpt,
     TokensOpt,
-    TrainMetricsOpt,
     check_dataset,
     entry_point,
     named_entry,
@@ -35,8 +34,7 @@ def train(run: RunOpt,
           prepared: PreparedOpt,
           out: StudentOutOpt,
           checkpoints: CheckpointsOpt,
-          metrics: TrainMetricsOpt,
-          plots: PlotsOpt,
+          live: LiveOpt,
           params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation against a teacher cache (general or task distillation)."""
     students = load_machine().students
@@ -47,7 +45,7 @@ def train(run: RunOpt,
     check_dataset(tokens, rcfg.dataset, f"train.runs.{run}")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
-                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            ckpt_dir=checkpoints, live_dir=live,
                             loader_workers=students.loader_workers)
     if is_main_process():
         typer.echo(summary.one_line())

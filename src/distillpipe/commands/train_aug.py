@@ -10,13 +10,12 @@ import typer
 from distillpipe.commands.base import (
     CacheOpt,
     CheckpointsOpt,
+    LiveOpt,
     ParamsOpt,
-    PlotsOpt,
     PreparedOpt,
     RunOpt,
     StudentOutOpt,
     TokensOpt,
-    TrainMetricsOpt,
     check_dataset,
     entry_point,
     named_entry,
@@ -38,8 +37,7 @@ def train_aug(run: RunOpt,
               prepared: PreparedOpt,
               out: StudentOutOpt,
               checkpoints: CheckpointsOpt,
-              metrics: TrainMetricsOpt,
-              plots: PlotsOpt,
+              live: LiveOpt,
               params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation on a dataset plus augmented unlabeled rows (teacher losses)."""
     students = load_machine().students
@@ -51,7 +49,7 @@ def train_aug(run: RunOpt,
     check_dataset(augment_tokens, rcfg.augment, f"train_aug.runs.{run}.augment: the")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
-                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            ckpt_dir=checkpoints, live_dir=live,
                             loader_workers=students.loader_workers,
                             augment=(rcfg.augment, augment_tokens, augment_cache))
     if is_main_process():

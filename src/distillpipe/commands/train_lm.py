@@ -11,13 +11,12 @@ import typer
 from distillpipe.commands.base import (
     CacheOpt,
     CheckpointsOpt,
+    LiveOpt,
     ParamsOpt,
-    PlotsOpt,
     PreparedOpt,
     RunOpt,
     StudentOutOpt,
     TokensOpt,
-    TrainMetricsOpt,
     check_dataset,
     entry_point,
     named_entry,
@@ -38,8 +37,7 @@ def train_lm(run: RunOpt,
              prepared: PreparedOpt,
              out: StudentOutOpt,
              checkpoints: CheckpointsOpt,
-             metrics: TrainMetricsOpt,
-             plots: PlotsOpt,
+             live: LiveOpt,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a language-model student (ELMo-C, ELMo-A, ELMo-Sub) from random initialisation on a corpus, its input
     layer the fixed word-vector table."""
@@ -54,7 +52,7 @@ def train_lm(run: RunOpt,
                           f"{word_vectors}")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
-                            ckpt_dir=checkpoints, metrics_path=metrics, plots_dir=plots,
+                            ckpt_dir=checkpoints, live_dir=live,
                             loader_workers=students.loader_workers, word_vectors=word_vectors)
     if is_main_process():
         typer.echo(summary.one_line())

@@ -1,6 +1,7 @@
 """The ``evaluate`` stage: score a trained student beside its teacher.
 
-Two JSONs per run, both read by evaluate/report.py:
+Two JSONs per run, both read by evaluate/report.py, and a dvclive folder (:mod:`distillpipe.tracking`: the
+headline scores for ``dvc exp show``):
 
 * ``metrics/students/<run>.json``: task metrics on each requested split for student and teacher, and
   parameter counts with and without embeddings (CMOW paper Tables XII-XIII);
@@ -13,6 +14,7 @@ bytes; sentences/s are the ``speed`` stage's (evaluate/timing.py), a separate ou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -30,13 +32,14 @@ from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_t
 from distillpipe.runtime import resolve_device
 from distillpipe.students import load_student
 from distillpipe.teacher.load import load_teacher
+from distillpipe.tracking import evaluation_summary, write_live
 
 log = logging.getLogger(__name__)
 
 
 def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, student_dir: str | Path,
                  tokens_dir: str | Path, prepared_dir: str | Path, teacher_dir: str | Path,
-                 out_path: str | Path, predictions_path: str | Path) -> dict[str, Any]:
+                 out_path: str | Path, predictions_path: str | Path, live_dir: str | Path) -> dict[str, Any]:
     from datasets import load_from_disk
 
     t0 = time.time()
@@ -96,6 +99,8 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         "student": {k: v.examples for k, v in student.items() if v.examples},
         "teacher": {"name": run.teacher, **{k: v.examples for k, v in teacher_scored.items() if v.examples}}})
     m = result["primary_metric"]
+    write_live(live_dir, summary=evaluation_summary(m, student_scores, teacher_scores, result["params"]["total"]),
+               params={"run": name, **dataclasses.asdict(run), "splits": list(cfg.splits)})
     log.info("evaluate %s: %s dev %.4f (teacher %.4f) in %.1f s", name, m, (result["dev"] or {}).get(m, float("nan")),
              (result["teacher"]["dev"] or {}).get(m, float("nan")), time.time() - t0)
     return result

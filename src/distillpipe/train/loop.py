@@ -29,21 +29,19 @@ before it does, it verifies the teacher cache's checksums. Any other identity st
 changed.
 
 Outputs: the student (``model.pt`` + ``student.json``; the best-on-dev weights when evaluation is
-on), a metrics JSON and per-step/per-evaluation CSVs for ``dvc plots``.
+on) and a dvclive folder (:mod:`distillpipe.tracking`): the summary metrics, the run's params, and the
+per-step and per-evaluation curves, written at the end from the logs the checkpoints carry.
 """
 
 from __future__ import annotations
 
-import csv
-import json
+import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -57,6 +55,7 @@ from distillpipe.runtime import autocast, rng_state, set_rng_state
 from distillpipe.scale.ddp import leave
 from distillpipe.store.reader import open_store
 from distillpipe.students import save_student
+from distillpipe.tracking import train_summary, write_live
 from distillpipe.train.build import TrainingRun, build_run, identity_changes
 from distillpipe.train.data import Source
 
@@ -188,9 +187,9 @@ def checkpoint(r: TrainingRun) -> None:
     _barrier(r)
 
 
-def finish(r: TrainingRun, *, out_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
-           init_dir: str | Path | None, seconds: float) -> RunSummary:
-    """Rank 0 writes the student (the best evaluated weights), its metrics and curves; checkpoints go."""
+def finish(r: TrainingRun, *, out_dir: str | Path, live_dir: str | Path, init_dir: str | Path | None,
+           seconds: float) -> RunSummary:
+    """Rank 0 writes the student (the best evaluated weights) and its dvclive folder; checkpoints go."""
     if r.group.main:
         if r.best_state is not None:
             r.student.load_state_dict(r.best_state)
@@ -200,20 +199,15 @@ def finish(r: TrainingRun, *, out_dir: str | Path, metrics_path: str | Path, plo
                   "tokens_fingerprint": r.meta["fingerprint"], "tokenizer_sha256": r.meta["tokenizer"]["sha256"],
                   "note": r.run.note, "trainable_params": sum(n for n, grad in counts if grad)}
         save_student(out_dir, r.student, r.model_cfg, r.task, record)
-        _write_json(metrics_path, {**{k: record[k] for k in ("name", "dataset", "metric", "steps", "best_step")},
-                                   "dev": r.best, "stopped_early": r.stopped_early,
-                                   "params": sum(n for n, _ in counts),
-                                   "trainable_params": sum(n for n, grad in counts if grad),
-                                   "train_rows": sum(s.loader.dataset.store().n_rows for s in r.sources)})
-        _write_plots(Path(plots_dir), r.steps_log, r.dev_log)
+        write_live(live_dir, summary=train_summary(r.metric, r.best, r.best_step), params=dataclasses.asdict(r.run),
+                   curves=_curves(r), step=r.step)
         clear_checkpoints(r.ckpt_dir)
     return RunSummary(r.name, r.step, seconds, r.best_step, r.metric, r.best or {}, r.stopped_early)
 
 
 def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
                   tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None,
-                  out_dir: str | Path, ckpt_dir: str | Path, metrics_path: str | Path, plots_dir: str | Path,
-                  init_dir: str | Path | None = None,
+                  out_dir: str | Path, ckpt_dir: str | Path, live_dir: str | Path, init_dir: str | Path | None = None,
                   augment: tuple[str, str | Path, str | Path] | None = None, loader_workers: int = 0,
                   word_vectors: str | Path | None = None) -> RunSummary:
     """Train one student run: build, resume, step, evaluate, checkpoint, write the outputs."""
@@ -245,8 +239,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
         bar.close()
         if r.last_eval != r.step or r.best is None:
             record_evaluation(r, evaluate(r))
-        return finish(r, out_dir=out_dir, metrics_path=metrics_path, plots_dir=plots_dir, init_dir=init_dir,
-                      seconds=time.time() - t0)
+        return finish(r, out_dir=out_dir, live_dir=live_dir, init_dir=init_dir, seconds=time.time() - t0)
     finally:
         leave(r.group)
 
@@ -264,25 +257,14 @@ def _barrier(r: TrainingRun) -> None:
         dist.barrier()
 
 
-def _write_json(path: str | Path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=_plain) + "\n")
-
-
-def _plain(x):
-    if isinstance(x, np.generic):
-        return x.item()
-    raise TypeError(type(x))
-
-
-def _write_plots(folder: Path, steps_log: list[dict], dev_log: list[dict]) -> None:
-    """``steps.csv`` (loss, lr and each term per step) and ``dev.csv`` (each evaluation) for ``dvc plots``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for fname, rows in (("steps.csv", steps_log), ("dev.csv", dev_log)):
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(folder / fname, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, restval="")
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()})
+def _curves(r: TrainingRun) -> list[tuple[int, dict[str, float]]]:
+    """(step, values) for dvclive from the logs: each step's loss, lr, temperature and loss terms (``train/``),
+    each evaluation's dev metrics (``dev/``) after that step's training values."""
+    rows: list[tuple[int, dict[str, float]]] = []
+    for row in r.steps_log:  # "step" counts steps done: the step's schedule values are at step - 1
+        values = {"loss": row["loss"], "lr": row["lr"], "temperature": r.schedule.temperature(row["step"] - 1)}
+        values |= {k: v for k, v in row.items() if k not in ("step", "epoch", "phase", "loss", "lr")}
+        rows.append((row["step"], {f"train/{k}": v for k, v in values.items()}))
+    for row in r.dev_log:
+        rows.append((row["step"], {f"dev/{k}": v for k, v in row.items() if k != "step"}))
+    return sorted(rows, key=lambda sv: sv[0])  # stable: a step's training values before its evaluation

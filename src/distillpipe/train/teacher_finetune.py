@@ -35,6 +35,7 @@ from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
 from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss
+from distillpipe.tracking import teacher_summary, write_live
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,16 @@ class FinetuneSummary:
         m = ", ".join(f"{k} {v:.3f}" for k, v in self.metrics.items() if k in _HEADLINE)
         return (f"teacher_finetune {self.task}: {self.train_rows:,} train rows, {self.steps} steps, "
                 f"{self.seconds:.1f} s; dev {m}")
+
+
+def _headline(task_type: str, meta: dict) -> str:
+    """The metric a teacher is summarised by: the one its students early-stop on (evaluate.student's
+    primary_metric, not imported: the teacher stage does not depend on the student code)."""
+    if task_type in ("corpus", "qa"):
+        return {"corpus": "mlm_accuracy", "qa": "f1"}[task_type]
+    if task_type == "regression":
+        return "pearson"
+    return "matthews" if str(meta.get("name", "")).lower() == "cola" else "accuracy"
 
 
 _HEADLINE = ("accuracy", "f1", "matthews", "pearson", "spearman", "exact", "mlm_accuracy", "perplexity")
@@ -103,7 +114,7 @@ def _check_task(task: str, meta: dict, cfg: TeacherFinetuneTaskConfig) -> tuple[
 
 def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, prepared_dir: str | Path,
                      cfg: TeacherFinetuneTaskConfig, device: str, out_dir: str | Path,
-                     ckpt_dir: str | Path, metrics_path: str | Path) -> FinetuneSummary:
+                     ckpt_dir: str | Path, live_dir: str | Path) -> FinetuneSummary:
     from datasets import load_from_disk
     from transformers import get_linear_schedule_with_warmup
 
@@ -148,6 +159,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
                           "base": weights_sha256(base_dir), "task": task,
                           "code": code_digests(["distillpipe.train.teacher_finetune"]), "device": dev_device.type})
     epoch, step_in_epoch, step = 0, 0, 0
+    steps_log: list[tuple[int, dict[str, float]]] = []  # (step, loss and lr): checkpointed, so a resume keeps it
     state = load_latest(ckpt_dir)
     if state is not None and state.get("run_id") != run_id:
         log.warning("checkpoint in %s is from other params, data, base weights, code or device: starting over",
@@ -160,13 +172,14 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         epoch, step_in_epoch, step = state["epoch"], state["step_in_epoch"], state["step"]
+        steps_log = state["steps_log"]
         log.info("resuming %s at epoch %d, step %d/%d", task, epoch, step, total)
 
     def checkpoint():
         save_checkpoint(ckpt_dir, step, {
             "run_id": run_id, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": rng_state(), "epoch": epoch,
-            "step_in_epoch": step_in_epoch, "step": step})
+            "step_in_epoch": step_in_epoch, "step": step, "steps_log": steps_log})
 
     pad_id = meta["tokenizer"]["pad_id"]
     columns = (MLM_COLUMNS if task_type == "corpus" else ["input_ids", "token_type_ids"]
@@ -190,9 +203,11 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.max_grad_norm)
             optimizer.step()
+            lr = scheduler.get_last_lr()[0]  # the rate this step used
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            steps_log.append((step, {"train/loss": loss.item(), "train/lr": lr}))
             step_in_epoch += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -213,9 +228,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
                              threshold=metrics.get("threshold"))  # QA: dev's null threshold
         report["test"], predictions["test"] = test.metrics, test.examples
     _save(model, base_dir, out_dir, report, predictions)
-    metrics_path = Path(metrics_path)
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_live(live_dir, summary=teacher_summary(_headline(task_type, meta), metrics, report.get("test")),
+               params={"task": task, **dataclasses.asdict(cfg)}, curves=steps_log, step=step)
     clear_checkpoints(ckpt_dir)  # the model is saved: a resume point is no longer needed (and may be GBs)
     return FinetuneSummary(task, len(train), step, time.time() - t0, metrics)
 
