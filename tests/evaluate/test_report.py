@@ -313,7 +313,7 @@ def test_plot_shows_test_scores_and_marks_dev_ones(tmp_path):
     from distillpipe.evaluate.plot import compact, plot_speed_quality
 
     rows, _ = report._rows(copy.deepcopy(RESULTS))
-    drawn = {p.label: p for p in plot_speed_quality(rows, report._plot_score, tmp_path / "p.png")}
+    drawn = {p.label: p for p in plot_speed_quality(rows, report.plot_score, tmp_path / "p.png")}
     assert (drawn["hybrid-polarity"].score, drawn["hybrid-polarity"].split) == (pytest.approx(70.5), "test")
     assert drawn["cbow-polarity (dev)"].score == pytest.approx(60.49)
     assert drawn["waldorf-qa (dev)"].score == pytest.approx(45.678)  # QA metrics are percent already

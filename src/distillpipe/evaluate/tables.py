@@ -1,0 +1,277 @@
+"""The report's tables (:mod:`distillpipe.evaluate.report`): one line per model, every score with its bootstrap
+interval, paper-style tables of selected runs with the paper's numbers and paired comparisons.
+
+Numbers: metrics are shown as percentages with one decimal, as the papers do. Classification and
+regression metrics arrive as fractions (:mod:`distillpipe.evaluate.metrics`) and are multiplied by 100;
+QA metrics (``task_type == "qa"``) arrive already in percent (``squad_v2_scores``) and are not.
+Parameters in millions with two decimals; sentences/s rounded to integers; speed-ups with one decimal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from distillpipe.config.report import BootstrapConfig
+from distillpipe.evaluate import intervals
+
+NA = "n/a"
+NOT_RUN = "not run"
+SPLITS = ("dev", "test")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A paper-style table of selected runs."""
+
+    title: str
+    runs: list[str]
+    """Run names in row order; ``teacher:<dataset>`` for a teacher row."""
+    paper: dict[str, str] | None
+    """The paper's number per run name, shown verbatim in a "Paper" column; None = no such column."""
+    caption: str
+    metric: str | None
+    """Metric key shown in the Dev/Test columns (e.g. ``exact`` for WaLDORf's EM); None = each run's
+    primary metric."""
+    compare: list[tuple[str, str]] = field(default_factory=list)
+    """Pairs ``(a, b)`` of rows of this table: ``a - b`` on the same examples, with interval and test."""
+
+
+Bootstrap = BootstrapConfig
+"""How intervals are drawn (the report section's ``bootstrap``)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model line: a run, or a teacher of a dataset."""
+
+    run: str
+    dataset: str
+    model: str
+    note: str
+    task_type: str
+    primary_metric: str
+    dev: Mapping[str, float] | None
+    test: Mapping[str, float] | None
+    params: Mapping[str, int] | None
+    sentences_per_s: float | None
+    speedup: float | None
+    device: str
+    records: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    """Per-example records by split (those the report can draw intervals from)."""
+    trainable: int | None = None
+    """Parameters the run trained (``tune: adapters`` / ``head`` train fewer than ``params``); None: not recorded."""
+
+    def scores(self, split: str) -> Mapping[str, float] | None:
+        return self.dev if split == "dev" else self.test
+
+
+# ------------------------------------------------------------------------------------------------
+# formatting
+# ------------------------------------------------------------------------------------------------
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _percent(value: float, task_type: str) -> float:
+    return value if task_type == "qa" else 100.0 * value
+
+
+def format_metric(value: Any, task_type: str) -> str:
+    """A metric as a percentage with one decimal (x100 unless QA, whose metrics are in % already)."""
+    if not finite(value):
+        return NA
+    return f"{_percent(value, task_type):.1f}"
+
+
+def _metric_value(metrics: Mapping[str, float] | None, key: str, task_type: str) -> float | None:
+    if not metrics or not finite(metrics.get(key)):
+        return None
+    return _percent(float(metrics[key]), task_type)
+
+
+def plot_score(row: Row) -> tuple[float, str] | None:
+    """The plot's y value: the primary metric on test, or on dev where the run has no test score."""
+    for split in ("test", "dev"):
+        value = _metric_value(row.scores(split), row.primary_metric, row.task_type)
+        if value is not None:
+            return value, split
+    return None
+
+
+def _millions(n: Any) -> str:
+    return f"{n / 1e6:.2f}" if finite(n) else NA
+
+
+def _rate(x: float | None) -> str:
+    return f"{x:,.0f}" if finite(x) else NA
+
+
+def _speedup(x: float | None) -> str:
+    return f"{x:.1f}x" if finite(x) else NA
+
+
+def _p_value(p: float) -> str:
+    if not finite(p):
+        return NA
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# scores with intervals
+# ------------------------------------------------------------------------------------------------
+
+
+class Scorer:
+    """Formats scores with their intervals and paired comparisons, checking each against its records."""
+
+    def __init__(self, boot: Bootstrap):
+        self.boot = boot
+
+    def _records(self, row: Row, split: str, metric: str) -> Sequence[Mapping[str, Any]] | None:
+        recorded = (row.scores(split) or {}).get(metric)
+        records = row.records.get(split)
+        if not records or not finite(recorded):
+            return None
+        try:
+            value = intervals.point(metric, row.task_type, records)
+        except intervals.RecordsError:
+            return None  # a score the records cannot give (e.g. an MLM corpus's): shown without interval
+        if not math.isclose(value, float(recorded), rel_tol=1e-6, abs_tol=1e-9):
+            raise intervals.RecordsError(
+                f"{row.run} {split}: the predictions give {metric} {value:.6g} but the metrics say {recorded:.6g}; "
+                "re-run the run's evaluate stage (the two files come from different evaluations)")
+        return records
+
+    def cell(self, row: Row, split: str, metric: str) -> str:
+        """``71.0 [66.2, 75.4]``: the score and its interval (the score alone when there are no records)."""
+        scores = row.scores(split)
+        if not scores:
+            return NA
+        text = format_metric(scores.get(metric), row.task_type)
+        records = self._records(row, split, metric)
+        if records is None or len(records) < 2:
+            return text
+        ci = intervals.interval(metric, row.task_type, records, n_resamples=self.boot.n_resamples,
+                                confidence=self.boot.confidence, seed=self.boot.seed,
+                                key=f"{row.run}/{split}/{metric}")
+        if not (finite(ci.low) and finite(ci.high)):
+            return text
+        return f"{text} [{_percent(ci.low, row.task_type):.1f}, {_percent(ci.high, row.task_type):.1f}]"
+
+    def comparison(self, a: Row, b: Row, split: str, metric: str) -> list[str] | None:
+        """One line of a comparison table, or None when either row lacks the split's records."""
+        if a.task_type != b.task_type or a.dataset != b.dataset:
+            raise intervals.RecordsError(f"cannot compare {a.run} ({a.dataset}) with {b.run} ({b.dataset}): "
+                                         "a paired comparison needs two models scored on the same examples")
+        ra, rb = self._records(a, split, metric), self._records(b, split, metric)
+        if ra is None or rb is None:
+            return None
+        res = intervals.paired(metric, a.task_type, ra, rb, n_resamples=self.boot.n_resamples,
+                               confidence=self.boot.confidence, seed=self.boot.seed,
+                               key=f"{a.run}-{b.run}/{split}/{metric}")
+        d = res.difference
+        diff = f"{_percent(d.value, a.task_type):+.1f}" if finite(d.value) else NA
+        ci = (f"[{_percent(d.low, a.task_type):+.1f}, {_percent(d.high, a.task_type):+.1f}]"
+              if finite(d.low) and finite(d.high) else NA)
+        return [f"{a.run} - {b.run}", split, metric, diff, ci, res.test, _p_value(res.p_value), f"{res.n:,}"]
+
+
+def _params(row: Row) -> tuple[str, str]:
+    p = row.params or {}
+    return _millions(p.get("total")), _millions(p.get("without_embeddings"))
+
+
+MAIN_HEADER = (
+    "Dataset",
+    "Run",
+    "Model",
+    "Note",
+    "Metric",
+    "Dev",
+    "Test",
+    "Params (M)",
+    "w/o emb. (M)",
+    "Sent./s",
+    "Speed-up",
+    "Device",
+)
+COMPARISON_HEADER = ("Comparison", "Split", "Metric", "Difference", "95% CI", "Test", "p", "Examples")
+
+
+def main_table(rows: Sequence[Row], scorer: Scorer) -> list[str]:
+    body = []
+    for row in rows:
+        m = row.primary_metric
+        body.append(
+            (
+                row.dataset,
+                row.run,
+                row.model,
+                row.note,
+                m,
+                scorer.cell(row, "dev", m),
+                scorer.cell(row, "test", m),
+                *_params(row),
+                _rate(row.sentences_per_s),
+                _speedup(row.speedup),
+                row.device,
+            )
+        )
+    return _table(MAIN_HEADER, body)
+
+
+def spec_table(spec: TableSpec, by_run: Mapping[str, Row], scorer: Scorer) -> list[str]:
+    header = ["Run", "Model", "Dataset", "Metric", "Dev", "Test"]
+    if spec.paper is not None:
+        header.append("Paper")
+    header += ["Params (M)", "w/o emb. (M)", "Trainable (M)", "Sent./s", "Speed-up"]
+    body = []
+    for name in spec.runs:
+        paper = [spec.paper.get(name, "")] if spec.paper is not None else []
+        row = by_run.get(name)
+        if row is None:
+            body.append([name, "", "", spec.metric or "", NOT_RUN, NOT_RUN, *paper, "", "", "", "", ""])
+            continue
+        m = spec.metric or row.primary_metric
+        body.append(
+            [
+                name,
+                row.model,
+                row.dataset,
+                m,
+                scorer.cell(row, "dev", m),
+                scorer.cell(row, "test", m),
+                *paper,
+                *_params(row),
+                _millions(row.trainable),
+                _rate(row.sentences_per_s),
+                _speedup(row.speedup),
+            ]
+        )
+    lines = _table(header, body)
+    comparisons = []
+    for a, b in spec.compare:
+        ra, rb = by_run.get(a), by_run.get(b)
+        if ra is None or rb is None:
+            comparisons.append([f"{a} - {b}", "", "", NOT_RUN, "", "", "", ""])
+            continue
+        m = spec.metric or ra.primary_metric
+        comparisons += [line for split in SPLITS if (line := scorer.comparison(ra, rb, split, m))]
+    if comparisons:
+        lines += ["", *_table(COMPARISON_HEADER, comparisons)]
+    return lines
