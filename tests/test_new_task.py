@@ -79,3 +79,21 @@ def test_new_task_refusals(tmp_path):
     assert new["teacher_finetune"]["tasks"]["stsb"]["regression_bin_width"] == 0.2  # CMOW sec. IV-A bins
     assert {"finetune.runs.hybrid-stsb", "finetune.runs.hybrid-stsb-joint"} <= set(added)
     assert new["finetune"]["runs"]["hybrid-stsb-joint"]["encoding"] == "joint"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to ask what it ignores")
+def test_raw_data_pointers_are_committable(tmp_path):
+    """README: your files go under data/raw/<name>/, `dvc add data/raw/<name>`, commit the .dvc file. The rest of
+    data/ is pipeline output and stays ignored (the files themselves are DVC's)."""
+    shutil.copy(ROOT_PARAMS.parent / ".gitignore", tmp_path / ".gitignore")
+    sh(tmp_path, "git", "init", "-q")
+    sh(tmp_path, DVC, "init", "-q")
+    raw = tmp_path / "data" / "raw" / "SST-2"
+    raw.mkdir(parents=True)
+    tsv(raw / "train.tsv", 10, 0)
+    sh(tmp_path, DVC, "add", "data/raw/SST-2")  # refused while data/ was ignored whole: "bad DVC file name ..."
+    sh(tmp_path, "git", "add", "data/raw/SST-2.dvc")
+    ignored = sh(tmp_path, "git", "check-ignore", "--no-index", "data/raw/SST-2/train.tsv", "data/prepared/x/meta.json",
+                 "data/tokens/x", "data/teacher/x.zarr", "data/x.dvc", check=False).stdout.split()
+    assert ignored == ["data/raw/SST-2/train.tsv", "data/prepared/x/meta.json", "data/tokens/x", "data/teacher/x.zarr",
+                       "data/x.dvc"]
