@@ -81,6 +81,28 @@ def test_new_task_refusals(tmp_path):
     assert new["finetune"]["runs"]["hybrid-stsb-joint"]["encoding"] == "joint"
 
 
+def test_new_task_lengths(tmp_path):
+    """--max-seq-len (and for QA --doc-stride, --max-query-len) set the new dataset's tokenize entry; the --like
+    dataset's entry is left as it was, and a length its kind does not have, or one that leaves no room, is refused."""
+    p = tmp_path / "params.yaml"
+    p.write_text(ROOT_PARAMS.read_text())
+    squad = {"format": "squad", "path": "data/raw/squad", "files": {"train": "train-sample.json"},
+             "encoding": "utf-8", "carve": {"dev": 0.2, "test": 0.2, "seed": 0}}
+    with pytest.raises(ConfigError, match="doc_stride"):  # 330 >= 384 - 64 - 3: windows could not advance
+        add_task(p, "my_qa", "wiki_qa", squad, lengths={"max_seq_len": 384, "doc_stride": 330, "max_query_len": 64})
+    sst2 = {"format": "glue", "task": "sst2", "path": "data/raw/SST-2", "files": {"train": "train.tsv", "test":
+            "dev.tsv"}, "encoding": "utf-8", "on_bad_rows": "error", "carve": {"dev": 0.1, "test": 0.0, "seed": 0}}
+    with pytest.raises(ConfigError, match="--doc-stride: a classification dataset has no tokenize key"):
+        add_task(p, "my_cls", "polarity", sst2, lengths={"max_seq_len": 64, "doc_stride": 128})
+    assert p.read_text() == ROOT_PARAMS.read_text()  # nothing written
+    add_task(p, "my_qa", "wiki_qa", squad, lengths={"max_seq_len": 384, "doc_stride": 128, "max_query_len": 64})
+    add_task(p, "my_cls", "polarity", sst2, lengths={"max_seq_len": 64})
+    tok = yaml.safe_load(p.read_text())["tokenize"]["datasets"]
+    assert tok["my_qa"] == {"kind": "qa", "doc_stride": 128, "max_query_len": 64, "max_seq_len": 384}
+    assert tok["my_cls"] == {"kind": "classification", "max_seq_len": 64}
+    assert tok["wiki_qa"] == yaml.safe_load(ROOT_PARAMS.read_text())["tokenize"]["datasets"]["wiki_qa"]
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to ask what it ignores")
 def test_raw_data_pointers_are_committable(tmp_path):
     """README: your files go under data/raw/<name>/, `dvc add data/raw/<name>`, commit the .dvc file. The rest of

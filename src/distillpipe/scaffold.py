@@ -43,9 +43,11 @@ def _renamed(run: str, like: str, name: str) -> str:
     return run.replace(like, name) if like in run else f"{run}-{name}"
 
 
-def plan_task(params: dict, name: str, like: str, local: dict[str, Any]) -> list[tuple[str, str | None, Any]]:
+def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
+              lengths: dict[str, int] | None = None) -> list[tuple[str, str | None, Any]]:
     """The entries that add dataset ``name`` (its ``prepare.local`` entry ``local``) modelled on dataset ``like``:
-    (dotted path of a mapping or list, key or None for a list item, value). Raises ConfigError."""
+    (dotted path of a mapping or list, key or None for a list item, value). ``lengths`` replaces keys of the copied
+    ``tokenize.datasets`` entry (``max_seq_len``; for QA ``doc_stride``, ``max_query_len``). Raises ConfigError."""
     missing = [s for s in SECTIONS if s not in params]
     if missing:
         raise ConfigError(f"params: missing section(s) {missing}")
@@ -62,8 +64,12 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any]) -> list
     if kind != tok[like]["kind"]:
         raise ConfigError(f"--like {like} is a {tok[like]['kind']} dataset but format {local.get('format')!r} makes "
                           f"a {kind} dataset: model it on a dataset of the same kind")
-    plan: list[tuple[str, str | None, Any]] = [("prepare.local", name, local),
-                                               ("tokenize.datasets", name, copy.deepcopy(tok[like]))]
+    tokenize = copy.deepcopy(tok[like])
+    for key, value in (lengths or {}).items():
+        if key not in tokenize:
+            raise ConfigError(f"--{key.replace('_', '-')}: a {kind} dataset has no tokenize key {key!r}")
+        tokenize[key] = value
+    plan: list[tuple[str, str | None, Any]] = [("prepare.local", name, local), ("tokenize.datasets", name, tokenize)]
     if like in params["teacher_finetune"]["tasks"]:
         task = copy.deepcopy(params["teacher_finetune"]["tasks"][like])
         regression = local.get("task") in REGRESSION_TASKS
@@ -111,13 +117,14 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any]) -> list
     return plan
 
 
-def add_task(path: Path, name: str, like: str, local: dict[str, Any], *, write: bool = True) -> list[str]:
+def add_task(path: Path, name: str, like: str, local: dict[str, Any], *, lengths: dict[str, int] | None = None,
+             write: bool = True) -> list[str]:
     """Add dataset ``name`` to the params file ``path`` (see :func:`plan_task`); return what was added."""
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found (run from the repository root or pass --params)")
     text = path.read_text(encoding="utf-8")
     params = yaml.safe_load(text)
-    plan = plan_task(params, name, like, local)
+    plan = plan_task(params, name, like, local, lengths)
     for where, key, value in plan:
         text = _insert(text, where.split("."), key, value)
     new = yaml.safe_load(text)

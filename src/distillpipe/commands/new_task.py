@@ -28,6 +28,12 @@ def new_task(name: Annotated[str, typer.Argument(help="the new dataset's name (e
              carve_dev: Annotated[float, typer.Option(help="fraction of train's groups carved to dev")] = 0.0,
              carve_test: Annotated[float, typer.Option(help="fraction of train's groups carved to test")] = 0.0,
              seed: Annotated[int, typer.Option(help="seed of the carve")] = 0,
+             max_seq_len: Annotated[int | None, typer.Option(help="tokens per row (QA: per window); else --like's "
+                                                                  "value")] = None,
+             doc_stride: Annotated[int | None, typer.Option(help="QA: overlap of a context's windows, in tokens; "
+                                                                 "else --like's value")] = None,
+             max_query_len: Annotated[int | None, typer.Option(help="QA: question tokens kept; else --like's "
+                                                                    "value")] = None,
              encoding: Annotated[str, typer.Option(help="text encoding of the files")] = "utf-8",
              dry_run: Annotated[bool, typer.Option(help="print what would be added, write nothing")] = False,
              params: ParamsOpt = Path("params.yaml")) -> None:
@@ -46,7 +52,9 @@ def new_task(name: Annotated[str, typer.Argument(help="the new dataset's name (e
     if fmt != "squad":
         local["on_bad_rows"] = "error"
     local["carve"] = {"dev": carve_dev, "test": carve_test, "seed": seed} if carve_dev or carve_test else None
-    added = add_task(params, name, like, local, write=not dry_run)
+    lengths = {k: v for k, v in (("max_seq_len", max_seq_len), ("doc_stride", doc_stride),
+                                  ("max_query_len", max_query_len)) if v is not None}
+    added = add_task(params, name, like, local, lengths=lengths, write=not dry_run)
     typer.echo(f"{'would add' if dry_run else 'added'} to {params}:")
     for key in added:
         typer.echo(f"  {key}")
