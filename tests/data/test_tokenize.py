@@ -134,6 +134,11 @@ def test_mlm_output_is_byte_identical_across_runs_and_batch_sizes(wiki, tmp_path
     tokenize_dataset("wiki", wiki, mlm_cfg(), c, batch_size=1)
     assert arrow_bytes(a) and arrow_bytes(a) == arrow_bytes(b) == arrow_bytes(c)
     assert (a / "meta.json").read_bytes() == (b / "meta.json").read_bytes()
+    # every file, datasets' state.json included: a folder's bytes (DVC's md5 of it) must not depend on its path,
+    # or a re-run in another checkout would make every downstream stage re-run for nothing
+    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(b) for f in b.rglob("*") if f.is_file())
+    assert [(a / f).read_bytes() for f in files] == [(b / f).read_bytes() for f in files]
     for split in ("train", "dev"):
         assert load_from_disk(str(a))[split].to_list() == load_from_disk(str(c))[split].to_list()
 

@@ -35,7 +35,7 @@ from distillpipe.data.classification import classification_columns
 from distillpipe.data.masking import MaskingSpec, masked_rows, pack_blocks
 from distillpipe.data.qa_windows import check_lengths, qa_window_columns
 from distillpipe.errors import UserError
-from distillpipe.identity import json_sha256, sha256_dir
+from distillpipe.identity import json_sha256, sha256_dir, sha256_file
 from distillpipe.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -253,7 +253,12 @@ class _SplitWriter:
                                     "empty; check the prepare stage's output")
             examples[split], rows[split] = len(ds), n_rows
             log.info("tokenize %s/%s: %d prepared rows -> %d token rows", self.name, split, len(ds), n_rows)
-        out_dd = DatasetDict({s: Dataset.from_file(str(p)) for s, p in paths.items()})
+        # datasets fingerprints a Dataset read from a file by the file's PATH, and save_to_disk writes that into
+        # state.json: the folder's bytes (and DVC's md5 of it) would then differ per checkout and send every
+        # downstream stage into a pointless re-run. The split's content digest is path-free and as unique.
+        loaded = {s: Dataset.from_file(str(p)) for s, p in paths.items()}
+        out_dd = DatasetDict({s: Dataset(d.data, info=d.info, split=d.split, fingerprint=sha256_file(paths[s])[:16])
+                              for s, d in loaded.items()})
         out_dd.save_to_disk(str(tmp / "out"))
         del out_dd
         kind = self.dcfg.kind
