@@ -12,6 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from distillpipe.pooling import length_mask
+
 
 def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = False,
                    seed: int = 0, window: int = 64) -> list[np.ndarray]:
@@ -61,7 +63,7 @@ def collate_tokens(rows: dict[str, list], pad_id: int) -> dict[str, torch.Tensor
     ids = rows["input_ids"]
     input_ids = pad_sequences(ids, pad_id)  # (B, T)
     lengths = torch.tensor([len(s) for s in ids])
-    attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # (B, T)
+    attention_mask = length_mask(lengths, input_ids.shape[1]).long()  # (B, T)
     tt = rows.get("token_type_ids")
     token_type_ids = pad_sequences(tt, 0) if tt is not None else torch.zeros_like(input_ids)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}

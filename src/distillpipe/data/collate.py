@@ -14,7 +14,7 @@ import torch
 from distillpipe.data.batching import pad_sequences
 from distillpipe.data.schema import regression_bins
 from distillpipe.errors import UserError
-from distillpipe.pooling import n_groups
+from distillpipe.pooling import length_mask, n_groups
 from distillpipe.store.schema import (
     ATTN_PROBS,
     ATTN_SCORES,
@@ -48,7 +48,7 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
     batch = {
         "input_ids": input_ids,
         "token_type_ids": pad_sequences(rows["token_type_ids"], 0),
-        "attention_mask": torch.arange(T)[None, :] < lengths[:, None],  # (B, T) bool
+        "attention_mask": length_mask(lengths, T),  # (B, T) bool
     }
     if pairs:
         for side in ("a", "b"):
@@ -59,7 +59,7 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
             t = pad_sequences(seqs, pad_id)
             n = torch.tensor([len(s) for s in seqs])
             batch[f"{side}_input_ids"] = t
-            batch[f"{side}_attention_mask"] = torch.arange(t.shape[1])[None, :] < n[:, None]
+            batch[f"{side}_attention_mask"] = length_mask(n, t.shape[1])
     targets: dict[str, torch.Tensor] = {"attention_mask": batch["attention_mask"]}
     has_truth = torch.full((B,), labeled)  # (B,) rows with ground truth
     if "labeled" in rows:

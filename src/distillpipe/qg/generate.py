@@ -20,6 +20,7 @@ import torch
 
 from distillpipe.config.decoding import BeamDecodingConfig, DecodingConfig, GreedyDecodingConfig, SampleDecodingConfig
 from distillpipe.data.batching import pad_sequences
+from distillpipe.pooling import length_mask
 from distillpipe.runtime import autocast
 
 CUDA_PAD_MULTIPLE = 64
@@ -107,7 +108,7 @@ def generate_questions(model: Any, tok: Any, sources: Sequence[str], gen_kwargs:
         if cuda:
             width = -(-width // CUDA_PAD_MULTIPLE) * CUDA_PAD_MULTIPLE
         input_ids = pad_sequences([ids[i] for i in idx], pad, length=width)  # (B, S)
-        attention_mask = (torch.arange(width)[None, :] < torch.as_tensor(lengths[idx])[:, None]).long()  # (B, S)
+        attention_mask = length_mask(torch.as_tensor(lengths[idx]), width).long()  # (B, S)
         torch.manual_seed(batch_seed(seed, b))  # sampling draws from the global RNG (CUDA's too)
         with autocast(device):
             seqs = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs)

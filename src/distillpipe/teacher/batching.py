@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from distillpipe.data.batching import collate_tokens, length_batches, pad_sequences
+from distillpipe.pooling import length_mask
 
 
 def length_buckets(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[list[int]]:
@@ -54,7 +55,7 @@ def collate(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]], pad
         counts = torch.tensor([len(s) for s in positions], dtype=torch.int64)
         pos = pad_sequences(positions, 0)  # (B, M)
         batch["masked_positions"] = pos
-        batch["masked_valid"] = torch.arange(pos.shape[1])[None, :] < counts[:, None]  # (B, M)
+        batch["masked_valid"] = length_mask(counts, pos.shape[1])  # (B, M)
         if bool(((pos >= lengths[:, None]) & batch["masked_valid"]).any()):
             raise ValueError("a masked position lies beyond its row's length; re-run the tokenize stage")
     return batch
