@@ -1,6 +1,7 @@
 """In a real DVC repository: what DVC and the teacher store call fresh is what the code and data would
 produce. A code edit that changes the cached values rebuilds the store (and reverting it gives the
-original bytes back); a one-byte change in a user's local input file re-runs exactly that dataset's chain;
+original bytes back), wherever in the stage's code it is (the pooling, the driver's row selection, the
+teacher loader), and the rebuilt store equals a clean build with the edited code; a one-byte change in a user's local input file re-runs exactly that dataset's chain;
 two teacher-cache processes on one store: the second is refused."""
 
 import shutil
@@ -14,6 +15,8 @@ from _tiny import make_tiny_bert_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 POOLING = "src/distillpipe/pooling.py"
+DRIVER = "src/distillpipe/teacher/cache.py"
+LOADER = "src/distillpipe/teacher/load.py"
 
 
 def _store_files(repo, name="polarity"):
@@ -50,6 +53,59 @@ def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(t
     res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
     assert "rebuilding the teacher cache" in res, res
     assert _store_files(repo) == original  # every byte, manifest and markers included
+
+
+def _edit(repo, rel, old, new):
+    source = (repo / rel).read_text()
+    assert source.count(old) == 1, f"{rel} no longer holds {old!r}: update this test's edit"
+    (repo / rel).write_text(source.replace(old, new))
+
+
+def _clean_build(repo, name):
+    """The stage's command run by hand into a new store with the repo's current code: the reference."""
+    ref = repo / "ref" / f"{name}.zarr"
+    sh(repo, sys.executable, "-m", "stages.teacher_cache", "--dataset", name, "--tokens", f"data/tokens/{name}",
+       "--teacher", f"models/teacher/{name}", "--out", ref, repo=repo)
+    files = {p.relative_to(ref).as_posix(): p.read_bytes() for p in sorted(ref.rglob("*")) if p.is_file()}
+    shutil.rmtree(ref)
+    return files
+
+
+def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher):
+    """The two edits that a narrower code identity (shard computation and writer only) let resume a stale
+    store with "0 to write": the driver's row selection and the teacher loader. Each must rebuild, name
+    the file, and leave exactly the bytes of a clean build with the edited code."""
+    import numpy as np
+
+    from distillpipe.store.reader import open_store
+
+    repo = working_tree_repo(tmp_path / "repo")
+    params = tiny_params(teacher)
+    params["teacher_cache"]["datasets"]["polarity"]["max_rows"] = 50  # 50 of 140 train rows: row_subset decides
+    write_params(repo, params)
+    sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo)
+    store = repo / "data" / "teacher" / "polarity.zarr"
+    before = open_store(store).read(["row_index", "logits"], 0, 50)
+
+    _edit(repo, DRIVER, "return np.round(np.arange(max_rows)", "return np.floor(np.arange(max_rows)")
+    res = out(sh(repo, DVC, "repro", "-s", "teacher_cache@polarity", repo=repo))
+    assert "rebuilding the teacher cache" in res and "code.distillpipe/teacher/cache.py: cache has" in res, res
+    floor_rows = np.floor(np.arange(50) * (139 / 49)).astype(np.int64)  # the edited rule, computed here
+    after = open_store(store).read(["row_index", "logits"], 0, 50)
+    assert np.array_equal(after["row_index"], floor_rows) and not np.array_equal(before["row_index"], floor_rows)
+    assert _store_files(repo) == _clean_build(repo, "polarity")
+
+    _edit(repo, LOADER, "    model.eval().to(dev)\n",
+          "    model.eval().to(dev)\n    if head == \"classification\":\n        with torch.no_grad():\n"
+          "            model.classifier.bias += 0.5\n")
+    res = out(sh(repo, DVC, "repro", "-s", "teacher_cache@polarity", repo=repo))
+    assert "rebuilding the teacher cache" in res and "code.distillpipe/teacher/load.py: cache has" in res, res
+    shifted = open_store(store).read(["row_index", "logits"], 0, 50)
+    assert np.array_equal(shifted["row_index"], floor_rows)
+    np.testing.assert_allclose(shifted["logits"].astype(np.float32), after["logits"].astype(np.float32) + 0.5,
+                               atol=4e-3)  # float16 storage
+    assert _store_files(repo) == _clean_build(repo, "polarity")
+    assert "up to date" in out(sh(repo, DVC, "status", "teacher_cache@polarity", repo=repo))
 
 
 def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, teacher):

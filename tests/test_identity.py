@@ -88,3 +88,52 @@ def test_tokens_fingerprint_is_the_content(tmp_path):
     data[-20] ^= 0x01
     arrow.write_bytes(bytes(data))
     assert tokens_fingerprint(moved) != meta["fingerprint"]
+
+
+# -- the pipeline's own identities: no holes ----------------------------------------------------------
+
+def _stage_scripts():
+    from test_dvc_deps import ROOT, stage_script, stage_templates
+
+    return ROOT, {name: stage_script(stage) for name, stage in stage_templates().items()}
+
+
+def test_every_stage_script_only_runs_its_command():
+    """A stage script is left out of the code identities (it is not installed on dask workers), so it must
+    be unable to change an output: a docstring, ``from distillpipe.commands.<stage> import main`` and
+    ``if __name__ == "__main__": main()``, nothing else."""
+    import ast
+
+    _, scripts = _stage_scripts()
+    for name, script in scripts.items():
+        body = ast.parse(script.read_text()).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        expected = ast.parse(f"from distillpipe.commands.{script.stem} import main\n"
+                             "if __name__ == '__main__':\n    main()\n").body
+        assert ast.dump(ast.Module(body, [])) == ast.dump(ast.Module(expected, [])), f"{name}: {script}"
+
+
+def test_resumable_identities_hold_every_file_dvc_reruns_the_stage_for():
+    """The code in a store manifest, a checkpoint's identity or augment's chunk identity is the stage's
+    whole import closure: exactly the src/ deps dvc.yaml lists for it (which tests/test_dvc_deps.py checks
+    against the imports). So no edit can make DVC re-run a stage that then resumes work done by other code."""
+    from test_dvc_deps import code_deps, stage_templates
+
+    from distillpipe.identity import stage_code
+    from distillpipe.qg import augment, finetune
+    from distillpipe.teacher import cache
+    from distillpipe.train import build, teacher_finetune
+
+    stages = stage_templates()
+    identities = {cache.STAGE: set(cache.producer_code()), augment.CODE_STAGE: set(stage_code(augment.CODE_STAGE)),
+                  teacher_finetune.CODE_STAGE: set(stage_code(teacher_finetune.CODE_STAGE)),
+                  finetune.CODE_STAGE: set(stage_code(finetune.CODE_STAGE))}
+    assert set(identities) == {"teacher_cache", "augment", "teacher_finetune", "qg_finetune"}
+    for stage, files in identities.items():
+        assert {f"src/{f}" for f in files} == code_deps(stages[stage]), stage
+    training = {f"src/{f}" for f in stage_code(*build.CODE_STAGES)}
+    for stage in ("train", "train_aug", "finetune", "train_lm"):
+        assert stage in build.CODE_STAGES and code_deps(stages[stage]) <= training, stage
+    # the two files whose edits a narrower identity once let resume a stale store
+    assert {"distillpipe/teacher/cache.py", "distillpipe/teacher/load.py"} <= identities["teacher_cache"]

@@ -8,7 +8,12 @@ training checkpoints, augment's chunks) compares before reusing anything:
 * :func:`import_closure`: the project files a module (or a stage script) imports, transitively, read
   from the source with :mod:`ast` (function-local imports included, and every parent package's
   ``__init__``, which Python runs first). ``dvc.yaml`` lists exactly this closure as each stage's code
-  deps (``tests/test_dvc_deps.py`` checks it), and :func:`code_digests` hashes it for the identities above.
+  deps (``tests/test_dvc_deps.py`` checks it), and :func:`code_digests` hashes it for the identities above;
+* :func:`stage_code`: the code part of a stage's resumable work (the store manifest, checkpoints, chunks):
+  the stage's WHOLE import closure, the very files ``dvc.yaml`` lists as its code deps. Whatever makes DVC
+  re-run the stage also makes the stage refuse to resume, so an edit anywhere in that code (row selection,
+  teacher loading, a command's argument handling) can never leave an output its current code would not
+  produce. The cost: an edit that changes no byte (a comment) rebuilds too; this is the safe side.
 
 Imports are read, not executed, so a closure may hold more than one run imports (an import inside an
 ``if``), never less. ``importlib.import_module`` with a computed name is not seen: the project does not
@@ -148,3 +153,17 @@ def code_digests(modules: Iterable[str], package_dir: Path = PACKAGE_DIR) -> dic
     part of an output's identity. Keyed by file, so a mismatch can name the files that changed."""
     root = package_dir.parent
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in import_closure(modules, package_dir=package_dir)}
+
+
+COMMANDS = f"{PACKAGE}.commands"
+"""The command modules: ``stages/<stage>.py`` imports only ``distillpipe.commands.<stage>`` and calls its
+``main`` (``tests/test_identity.py`` checks every stage script is exactly that), so the closure of the
+command module is the stage's code."""
+
+
+def stage_code(*stages: str, package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """{file: sha256} over the import closure of the commands of ``stages`` (``teacher_cache``,
+    ``train``...): the code part of their resumable outputs' identity, equal to the stages' code deps in
+    ``dvc.yaml``. Named by string, not imported, so a lower layer (the teacher cache's driver) can name
+    the stage that runs it without importing the command line."""
+    return code_digests([f"{COMMANDS}.{s}" for s in stages], package_dir=package_dir)

@@ -39,7 +39,7 @@ from typing import Any
 from distillpipe.config.augment import AugmentConfig
 from distillpipe.data import schema
 from distillpipe.data.sources.base import rows_to_dataset
-from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
+from distillpipe.identity import json_sha256, sha256_dir, sha256_file, stage_code
 from distillpipe.progress import Progress
 from distillpipe.qg import QgError
 from distillpipe.qg.filters import REASONS, filter_questions
@@ -164,9 +164,9 @@ class ChunkLog:
 # the work: one chunk, in any process
 # --------------------------------------------------------------------------------------------
 
-CODE_MODULES = ("distillpipe.qg.augment",)
-"""The augment code (generation, filters, this module): part of the chunks' run identity, and checked on
-every worker."""
+CODE_STAGE = "augment"
+"""The augment stage's whole import closure (generation, filters, paragraph selection, this module, the
+command): part of the chunks' run identity, and checked on every worker."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def _generator(job: ChunkJob) -> tuple[Any, Any, Any]:
     with _GENERATOR_LOCK:
         if _GENERATOR is None or _GENERATOR[0] != key:
             _GENERATOR = None
-            mine = code_digests(CODE_MODULES)
+            mine = stage_code(CODE_STAGE)
             if mine != job.code:
                 differ = sorted(k for k in set(mine) | set(job.code) if mine.get(k) != job.code.get(k))
                 raise QgError(f"this worker runs other distillpipe code than the driver ({differ}); install the same "
@@ -254,7 +254,7 @@ def augment(name: str, corpus_dir: str | Path, exclude_dir: str | Path | None, q
     gen_kwargs = decoding_kwargs(cfg.decoding, cfg.n_per_paragraph, cfg.max_new_tokens, cfg.no_repeat_ngram_size)
     job = ChunkJob(qg_dir=str(qg_dir.resolve()), device=cfg.device, gen_kwargs=gen_kwargs, batch_size=cfg.batch_size,
                    max_source_len=cfg.max_source_len, static_kv_cache=cfg.static_kv_cache, seed=cfg.seed,
-                   cpu_threads=cfg.cpu_threads, code=code_digests(CODE_MODULES))
+                   cpu_threads=cfg.cpu_threads, code=stage_code(CODE_STAGE))
     inprocess = cluster is None or cluster.kind == "inprocess"
     stats = GenerationStats()
     with nullcontext() if inprocess else open_client(cluster) as client:

@@ -32,7 +32,7 @@ from distillpipe.config.decoding import GreedyDecodingConfig
 from distillpipe.config.qg_finetune import QgFinetuneConfig, QgPretrainedModelConfig, QgScratchModelConfig
 from distillpipe.data.batching import length_batches, pad_sequences
 from distillpipe.data.schema import read_meta
-from distillpipe.identity import code_digests, json_sha256, sha256_dir, sha256_file
+from distillpipe.identity import json_sha256, sha256_dir, sha256_file, stage_code
 from distillpipe.progress import Progress
 from distillpipe.qg import QgError
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
@@ -41,6 +41,8 @@ from distillpipe.qg.vocab import SPM_FILE, load_spm_tokenizer, train_sentencepie
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
+CODE_STAGE = "qg_finetune"
+"""The stage whose whole import closure is the code part of a checkpoint's identity."""
 FORMAT_VERSION = 1
 IGNORE = -100  # label id that the loss skips (padding)
 
@@ -196,7 +198,7 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
         run_id = json_sha256({"format": FORMAT_VERSION, "cfg": dataclasses.asdict(cfg), "tokenizer": tok_sha,
                               "data": sha256_dir(prepared_dir, ["*.arrow"]),
                               "base": weights_sha256(base_dir) if base_dir is not None else None,
-                              "code": code_digests(["distillpipe.qg.finetune"]), "device": device.type})
+                              "code": stage_code(CODE_STAGE), "device": device.type})
         epoch, step_in_epoch, step = 0, 0, 0
         state = load_latest(ckpt_dir)
         if state is not None and state.get("run_id") != run_id:

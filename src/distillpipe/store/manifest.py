@@ -12,8 +12,8 @@ signals                the :class:`~distillpipe.store.schema.SignalSpec` as a di
 compute                how the values were computed: {precision, batch_size}; a resumed build must not
                        mix bf16-on-GPU shards with fp32-on-CPU ones, nor batchings (padding and kernel
                        choice shift the last bits)
-code                   {source file: sha256} of the code that decides the bytes (the import closure of
-                       the capture, pooling and writer modules, see ``distillpipe.teacher.shard``)
+code                   {source file: sha256} of the code that decides the bytes: the ``teacher_cache``
+                       stage's whole import closure (``distillpipe.teacher.cache.producer_code``)
 code_version           ``distillpipe.__version__`` that wrote the store
 n_rows, shard_rows     N and rows per shard
 completed_shards       sorted shard indices known complete (progress, not identity)

@@ -34,7 +34,7 @@ from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError
-from distillpipe.identity import code_digests
+from distillpipe.identity import stage_code
 from distillpipe.progress import Progress
 from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
@@ -49,10 +49,8 @@ from distillpipe.teacher.shard import compute_shard
 
 log = logging.getLogger(__name__)
 
-PRODUCER_MODULES = ("distillpipe.teacher.shard", "distillpipe.store.writer")
-"""Computing a shard and encoding it: their import closure decides the bytes. How the teacher was loaded
-is recorded by its effect (:func:`compute_settings`), and the driver (this module: which shards, workers,
-progress) is left out: it cannot change a stored byte, and at scale a rebuild costs GPU hours."""
+STAGE = "teacher_cache"
+"""The stage whose whole import closure is the manifest's ``code`` (:func:`producer_code`)."""
 MAX_ROUNDS = 3
 """Rounds of resubmitting shards that finished without a marker (a lost worker's late second attempt can
 remove the marker of the first one and then die before writing its own)."""
@@ -63,8 +61,13 @@ class TeacherCacheError(UserError, ValueError):
 
 
 def producer_code() -> dict[str, str]:
-    """{source file: sha256} of the code that decides a store's bytes (the manifest's ``code``)."""
-    return code_digests(PRODUCER_MODULES)
+    """{source file: sha256} of the code that decides a store's bytes (the manifest's ``code``): the
+    ``teacher_cache`` stage's whole import closure, the files ``dvc.yaml`` lists as its code deps. Not
+    only the shard computation and the writer: this driver picks the rows (:func:`row_subset`), the
+    loader decides the weights the teacher computes with, the command passes the params; an edit to any
+    of them must rebuild, never resume (an earlier narrower closure let a changed ``row_subset`` resume
+    a store of other rows under an equal manifest)."""
+    return stage_code(STAGE)
 
 
 def compute_settings(model: torch.nn.Module, batch_size: int, cpu_threads: int) -> dict[str, object]:

@@ -5,9 +5,10 @@ shard's rows by length, captures the requested signals batch by batch (pooled on
 returns the shard's arrays in dataset order, padded to the store's fixed shapes; the store's writer
 (:func:`distillpipe.store.writer.write_shard`) encodes them.
 
-The import closure of this module, the teacher loader and the writer is the store manifest's ``code``
-(:func:`distillpipe.teacher.cache.producer_code`): an edit that can change a stored byte (capture,
-pooling, batching, layout, codecs) rebuilds the store. Everything else the bytes depend on is an
+This module's import closure is part of the store manifest's ``code``, which is the whole
+``teacher_cache`` stage's closure (:func:`distillpipe.teacher.cache.producer_code`): an edit that can
+change a stored byte (capture, pooling, batching, layout, codecs, row selection, loading) rebuilds the
+store. Everything else the bytes depend on is an
 argument here and a manifest field there (teacher, tokens, split, signals, compute settings), so this
 module reads no config.
 """

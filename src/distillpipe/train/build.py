@@ -23,7 +23,7 @@ from distillpipe.data.collate import TrainDataError, collate
 from distillpipe.data.schema import read_meta
 from distillpipe.data.word_vectors import load_table
 from distillpipe.evaluate.student import primary_metric
-from distillpipe.identity import code_digests, json_sha256, sha256_dir
+from distillpipe.identity import json_sha256, sha256_dir, stage_code
 from distillpipe.runtime import adamw, seed_everything
 from distillpipe.scale.ddp import ProcessGroup, join
 from distillpipe.store.reader import open_store
@@ -98,9 +98,12 @@ def param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[di
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-CODE_MODULES = ("distillpipe.train.loop",)
-"""The training code: its import closure (students, losses, objective, schedule, data, evaluation) is part
-of a checkpoint's identity, so a run never continues with code other than the code it started with."""
+CODE_STAGES = ("train", "train_aug", "finetune", "train_lm")
+"""The stages that train students: their whole import closure (the training loop, students, losses,
+objective, schedule, data, evaluation, and the commands that build the run from params) is part of a
+checkpoint's identity, so a run never continues with code other than the code it started with. One
+identity for the four: an edit to another training stage's command restarts a killed run instead of
+resuming it (minutes of a run, against the risk of mixing code)."""
 
 
 def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: LoaderConfig, tokens_meta: dict,
@@ -115,7 +118,7 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
         "augment tokens": read_meta(augment[1])["fingerprint"] if augment else None,
         "init weights": sha256_dir(init_dir) if init_dir is not None else None,
         "word vectors": word_vectors,
-        "code": json_sha256(code_digests(CODE_MODULES)),
+        "code": json_sha256(stage_code(*CODE_STAGES)),
         "device": device.type,
         "processes": processes,
     }

@@ -30,7 +30,7 @@ from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
 from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
-from distillpipe.identity import code_digests, json_sha256
+from distillpipe.identity import json_sha256, stage_code
 from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
@@ -38,6 +38,8 @@ from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss
 from distillpipe.tracking import teacher_summary, write_live
 
 log = logging.getLogger(__name__)
+CODE_STAGE = "teacher_finetune"
+"""The stage whose whole import closure is the code part of a checkpoint's identity."""
 
 
 class FinetuneError(UserError, ValueError):
@@ -157,7 +159,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     # else starts over, saying so.
     run_id = json_sha256({"cfg": dataclasses.asdict(cfg), "tokens": meta["fingerprint"],
                           "base": weights_sha256(base_dir), "task": task,
-                          "code": code_digests(["distillpipe.train.teacher_finetune"]), "device": dev_device.type})
+                          "code": stage_code(CODE_STAGE), "device": dev_device.type})
     epoch, step_in_epoch, step = 0, 0, 0
     steps_log: list[tuple[int, dict[str, float]]] = []  # (step, loss and lr): checkpointed, so a resume keeps it
     state = load_latest(ckpt_dir)
