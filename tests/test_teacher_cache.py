@@ -118,6 +118,37 @@ def test_reader_refuses_a_stale_cache_naming_the_field(tiny, tmp_path):
     assert "tokens_fingerprint" in str(e.value) and "signals.hidden_layers" in str(e.value)
 
 
+def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
+    """run_shards with several writer threads (shards written concurrently, arrays assembled in the writers'
+    threads) leaves exactly the files of one writer, and of the stage itself."""
+    from datasets import load_from_disk
+
+    from distillpipe.runtime import torch_threads
+    from distillpipe.store.reader import open_store as _open
+    from distillpipe.store.resume import create_or_resume
+    from distillpipe.teacher.cache import run_shards
+    from distillpipe.teacher.load import load_teacher
+    from distillpipe.teacher.shard import compute_shard
+
+    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(embeddings=True), "cpu", 8, SHARD, tmp_path / "ref.zarr",
+                        cpu_threads=1)
+    manifest = _open(tmp_path / "ref.zarr").manifest
+    model, _ = load_teacher(tiny["base"], "base", "cpu")
+    rows = load_from_disk(str(tiny["mlm"]))["train"]
+    for writers in (1, 3):
+        store = tmp_path / f"w{writers}.zarr"
+        with create_or_resume(store, manifest.with_completed(set())) as w, torch_threads(1):  # the ref's cpu_threads
+            done = []
+            run_shards(lambda i: compute_shard(model, rows, *manifest.shard_rows_range(i), manifest.signals, 8, 0),
+                       str(store), w.pending_shards(), lambda i, marker: done.append(i), writers=writers)
+            assert done == list(range(manifest.n_shards))  # reported in shard order
+            w.record(done)
+            w.finalize()
+        assert _tree(store) == _tree(tmp_path / "ref.zarr")
+        for f in _tree(store):
+            assert filecmp.cmp(store / f, tmp_path / "ref.zarr" / f, shallow=False), (writers, f)
+
+
 # -- the stage as a process: kill, resume, rebuild -------------------------------------------------
 
 DRIVER = """

@@ -202,3 +202,24 @@ def test_write_shard_validates_its_input(tmp_path):
     assert marker["shard"] == 3 and marker["rows"] == [384, 500]
     got = open_store(path, allow_incomplete=True).read(list(wide), 384, 500)
     assert all(got[k].dtype == arrays[k].dtype and np.array_equal(got[k], arrays[k]) for k in wide)
+
+
+def test_write_shard_refuses_nan_and_inf_but_keeps_masked_scores(tmp_path):
+    """float16 overflow or a broken teacher must not reach the store: nan and inf are refused in every float array,
+    after the cast (a float32 70000.0 becomes float16 inf); attention scores keep -inf, their masked blocks."""
+    manifest = tiny_manifest()
+    path = tmp_path / "s.zarr"
+    create_or_resume(path, manifest)
+    arrays = shard_arrays(manifest, 1)
+    scores = arrays["attn_scores/L2"]
+    assert np.isneginf(scores).any()  # the fixture has masked blocks: they must pass
+    for name, value in [("hidden/L1", np.nan), ("embeddings", -np.inf), ("attn_scores/L2", np.inf),
+                        ("attn_scores/L2", np.nan), ("mlm/logsumexp", np.inf), ("logits", 70000.0)]:
+        bad = arrays[name].astype(np.float32 if value == 70000.0 else arrays[name].dtype)
+        bad.flat[5] = value
+        with pytest.raises(ValueError, match=f"shard 1: {name} holds 1 nan/inf values"):
+            write_shard(path, 1, {**arrays, name: bad})
+        assert not (path / "shards_done" / "1.json").exists()
+    write_shard(path, 1, arrays)
+    assert np.array_equal(open_store(path, allow_incomplete=True).read(["attn_scores/L2"], 128, 256)["attn_scores/L2"],
+                          scores)

@@ -41,3 +41,37 @@ def test_length_buckets_are_deterministic_and_tight():
     assert sorted(flat) == list(range(103))
     assert list(lengths[flat]) == sorted(lengths)  # sorted by length: the least padding possible
     assert all(isinstance(i, int) for i in flat)
+
+
+def test_token_columns_collate_equals_collate(tmp_path):
+    """The capture's batches from flat Arrow columns equal the reference collate of the same rows, for any rows
+    of any shard (with and without MLM positions, through a dataset index mapping, a partial last shard)."""
+    from datasets import Dataset
+
+    from distillpipe.teacher.batching import TokenColumns
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(3, 40, size=90).tolist()
+    for n_masked in (None, rng.integers(0, 6, size=90).tolist()):
+        rows = Dataset.from_list(make_rows(lengths, seed=1, n_masked=n_masked))
+        rows.save_to_disk(str(tmp_path / "t"))
+        rows = Dataset.load_from_disk(str(tmp_path / "t")).select(rng.permutation(90)[:70])  # an index mapping
+        for start, stop in [(0, 32), (32, 64), (64, 70)]:
+            cols = TokenColumns(rows, start, stop)
+            assert cols.n == stop - start and cols.lengths.tolist() == rows["length"][start:stop]
+            for idx in length_buckets(cols.lengths, 8) + [rng.permutation(stop - start)[:5].tolist()]:
+                want = collate(rows.select(range(start, stop))[idx], pad_id=0)
+                got = cols.collate(idx, pad_id=0)
+                assert got.keys() == want.keys()
+                assert all(torch.equal(got[k], want[k]) for k in want), idx
+
+
+def test_token_columns_refuse_inconsistent_rows():
+    from datasets import Dataset
+
+    from distillpipe.teacher.batching import TokenColumns
+
+    rows = make_rows([5, 4])
+    rows[1]["length"] = 6
+    with pytest.raises(ValueError, match="row 1 of the batch: length=6 but 4 input_ids"):
+        TokenColumns(Dataset.from_list(rows), 0, 2).collate([0, 1], 0)

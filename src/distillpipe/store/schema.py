@@ -13,7 +13,7 @@ fill value).
 Array names are spelled here only (:data:`LOGITS`, :func:`hidden_array`, ...): the capture's outputs,
 the layout, the objective's reads and the collation's crops all use these.
 
-Layout rules (format version 2; codecs: Blosc zstd, then a crc32c per inner chunk):
+Layout rules (format version 3; codecs: Blosc lz4 with byte shuffle, then a crc32c per inner chunk):
 
 * Every array is sharded along rows only: one Zarr shard = ``shard_rows`` rows = one work shard,
   i.e. one file per array per shard. Non-row axes are never split.

@@ -44,9 +44,10 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.storage import MemoryStore
 
+from distillpipe.store.codec import ShardCodec, codec_pool
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete
-from distillpipe.store.schema import ArraySpec, array_layout
+from distillpipe.store.schema import ATTN_SCORES, ArraySpec, array_group, array_layout
 from distillpipe.store.shards import (
     PARTIAL_SUFFIX,
     marked_shards,
@@ -60,8 +61,12 @@ from distillpipe.store.shards import (
 log = logging.getLogger(__name__)
 
 CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
-# level 1: same ratio on fp16 activations as 3, 30% less CPU
-BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "zstd", 1, "shuffle"
+# lz4, not zstd: dense float16 activations barely compress with either (zstd 1.09x, lz4 1.01x on MiniLM hidden
+# states, embeddings and scores of full rows); what compresses is padding (runs of fill values), which lz4 takes
+# nearly as well (zstd 2.3x / 3.5x vs lz4 2.2x / 3.0x on padded hidden states / scores). zstd cost 5-10x the CPU to
+# encode and ~10x to decode (~0.1-0.5 vs 1-5 GB/s a core): the ceiling of a WaLDORf-size build on a 16-core GPU
+# box and of a student's loader (benchmarks/at_scale.py; README "At scale").
+BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "shuffle"
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,8 @@ def write_shard(
     shard. ``arrays`` maps each array name of the store's layout to that shard's rows
     ``[i * shard_rows, min(N, (i + 1) * shard_rows))``; floats are cast to the stored float dtype
     (float32 -> float16), integers to the stored integer dtype when every value fits (int32 ids ->
-    uint16), anything else is refused. ``on_array_written(name, nbytes)`` is called after each array
+    uint16), anything else is refused, and so are nan and inf (``attn_scores``: -inf marks
+    masked blocks). ``on_array_written(name, nbytes)`` is called after each array
     (progress bars).
 
     Safe against a kill at any point and against a second attempt at the same shard running at once
@@ -232,17 +238,15 @@ def write_shard(
 
 def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, stop: int, key: str) -> bytes | None:
     """The bytes Zarr stores for one shard of one array (None: every inner chunk is the fill value, so
-    Zarr writes no file), encoded in memory by an array with the store's exact metadata."""
-    scratch: dict[str, Any] = {}
-    array = zarr.create_array(MemoryStore(scratch), name=spec.name, shape=spec.shape, chunks=spec.chunks,
-                              shards=spec.shards, dtype=spec.dtype, compressors=compressors(),
-                              fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
-                              dimension_names=spec.dimension_names)
-    if array.metadata.to_dict() != metadata.to_dict():  # never encode with codecs the store was not made with
+    Zarr writes no file), encoded by :class:`~distillpipe.store.codec.ShardCodec` (Zarr's bytes, without
+    Zarr's per-shard cost), after checking that the store's metadata are this code's layout."""
+    expected = zarr.create_array(MemoryStore({}), name=spec.name, shape=spec.shape, chunks=spec.chunks,
+                                 shards=spec.shards, dtype=spec.dtype, compressors=compressors(),
+                                 fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
+                                 dimension_names=spec.dimension_names)  # metadata only: nothing is written
+    if expected.metadata.to_dict() != metadata.to_dict():  # never encode with codecs the store was not made with
         raise RuntimeError(f"{spec.name}: the store's array metadata differ from this code's layout")
-    array[start:stop] = rows
-    buffer = scratch.get(key)
-    return None if buffer is None else buffer.to_bytes()
+    return ShardCodec(metadata).encode(rows, start, spec.shape[0], codec_pool())
 
 
 def _publish(path: Path, data: bytes | None) -> dict[str, Any] | None:
@@ -269,7 +273,7 @@ def store_manifest(store_path: str | Path) -> Manifest:
 
 
 def compressors() -> tuple[Any, ...]:
-    """Blosc zstd, then a crc32c of the compressed bytes (checked whenever the chunk is read)."""
+    """Blosc lz4, then a crc32c of the compressed bytes (checked whenever the chunk is read)."""
     return (BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE), Crc32cCodec())
 
 
@@ -288,11 +292,34 @@ def _checked_arrays(
             raise ValueError(f"shard {i}: {spec.name} has shape {a.shape}, expected {want} (rows {start}-{stop})")
         if a.dtype != spec.dtype:
             a = _cast(a, spec.dtype, f"shard {i}: {spec.name}")
+        if a.dtype.kind == "f":
+            _refuse_nonfinite(a, spec.name, allow_neg_inf=array_group(spec.name) == ATTN_SCORES, i=i)
         out[spec.name] = np.ascontiguousarray(a)
     length = out["length"]
     if length.size and (length.min() < 0 or length.max() > max_len):
         raise ValueError(f"shard {i}: length must lie in [0, {max_len}], got {length.min()}..{length.max()}")
     return out
+
+
+_F16_EXPONENT, _F16_NEG_INF = np.uint16(0x7C00), np.uint16(0xFC00)
+
+
+def _refuse_nonfinite(a: np.ndarray, name: str, *, allow_neg_inf: bool, i: int) -> None:
+    """Refuse nan and inf (``attn_scores``: nan and +inf; -inf marks masked blocks): float16 overflow or a broken
+    teacher must not reach the store. Checked here, in the writer's thread, so it costs the capture nothing.
+    float16 is checked on its bits (exponent all ones: inf or nan), ~2x faster than ``np.isfinite``."""
+    if a.dtype == np.float16:
+        bits = a.view(np.uint16)
+        bad = (bits & _F16_EXPONENT) == _F16_EXPONENT
+        if allow_neg_inf and bad.any():
+            bad &= bits != _F16_NEG_INF
+    else:
+        bad = ~np.isfinite(a)
+        if allow_neg_inf:
+            bad &= ~np.isneginf(a)
+    if bad.any():
+        raise ValueError(f"shard {i}: {name} holds {int(bad.sum())} nan/inf values (float16 overflow or a broken "
+                         "teacher); the shard was not written")
 
 
 def _cast(a: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:

@@ -21,6 +21,8 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -334,16 +336,27 @@ class _Progress:
 
 
 def _run_inprocess(job: ShardJob, pending: list[int], writer: StoreWriter, progress: _Progress) -> None:
-    """Compute shard i+1 while a thread encodes and writes shard i (at most one shard waits in memory)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer") as pool:
-        in_flight: tuple[int, Future] | None = None
+    run_shards(lambda i: compute_job_shard(job, i), job.store, pending,
+               lambda i, marker: _record(writer, progress, i, marker), writers=1)
+
+
+def run_shards(compute: Callable[[int], dict[str, Any]], store: str, pending: list[int],
+               done: Callable[[int, dict[str, Any]], None], *, writers: int | None = 1) -> None:
+    """Compute the ``pending`` shards one after another in this thread (``compute(i)`` -> arrays) while a pool of
+    ``writers`` threads writes the computed ones (:func:`write_shard`); ``done(i, marker)`` is called in this thread
+    in shard order. At most ``writers`` computed shards wait in memory besides the one being computed."""
+    writers = max(1, writers or 1)
+    with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="shard-writer") as pool:
+        in_flight: deque[tuple[int, Future]] = deque()
         for i in pending:
-            arrays = compute_job_shard(job, i)
-            if in_flight is not None:
-                _record(writer, progress, in_flight[0], in_flight[1].result())
-            in_flight = (i, pool.submit(write_shard, job.store, i, arrays))
-        if in_flight is not None:
-            _record(writer, progress, in_flight[0], in_flight[1].result())
+            arrays = compute(i)
+            while len(in_flight) >= writers:
+                j, future = in_flight.popleft()
+                done(j, future.result())
+            in_flight.append((i, pool.submit(write_shard, store, i, arrays)))
+        while in_flight:
+            j, future = in_flight.popleft()
+            done(j, future.result())
 
 
 def _run_on_cluster(client: Any, job: ShardJob, name: str, pending: list[int], writer: StoreWriter,
