@@ -193,18 +193,17 @@ class BlockDataset(torch.utils.data.IterableDataset):
         names = tuple(dict.fromkeys(("row_index", *self.names)))
         size = self.sub_batch
         skip_rows = skip * size
-        pending: list[Rows] = []
+        pending: list[tuple[Rows, np.ndarray]] = []  # (a window's rows, the positions in it still to yield)
         n_pending = 0
         for w, blocks in windows:
             n_rows = sum(b - a for a, b in blocks)
             if skip_rows >= n_rows:
                 skip_rows -= n_rows
                 continue
-            parts = [store.read(names, a, b) for a, b in blocks]
-            data = {n: np.concatenate([p[n] for p in parts]) for n in names}
+            data = store.read_blocks(names, blocks)  # the window, read once into one array per name
             order = np.random.default_rng([self.seed, self.epoch, w]).permutation(n_rows)[skip_rows:]
             skip_rows = 0
-            pending.append({n: v[order] for n, v in data.items()})
+            pending.append((data, order))  # rows are gathered batch by batch: no permuted copy of the window
             n_pending += len(order)
             while n_pending >= size:
                 batch, pending, n_pending = _take(pending, size)
@@ -213,22 +212,20 @@ class BlockDataset(torch.utils.data.IterableDataset):
             yield _take(pending, n_pending)[0]
 
 
-def _take(pending: list[Rows], n: int) -> tuple[Rows, list[Rows], int]:
-    """First n rows of the queued pieces, and what is left."""
+def _take(pending: list[tuple[Rows, np.ndarray]], n: int) -> tuple[Rows, list[tuple[Rows, np.ndarray]], int]:
+    """The next n rows of the queued windows (gathered: each row is copied once, into its batch), and what is left."""
     taken, left, need = [], [], n
-    for piece in pending:
-        size = len(piece["row_index"])
-        if need >= size:
-            taken.append(piece)
-            need -= size
-        elif need > 0:
-            taken.append({k: v[:need] for k, v in piece.items()})
-            left.append({k: v[need:] for k, v in piece.items()})
-            need = 0
+    for data, idx in pending:
+        if need > 0:
+            rows = idx[:need]
+            taken.append({k: v[rows] for k, v in data.items()})
+            need -= len(rows)
+            if len(rows) < len(idx):
+                left.append((data, idx[len(rows):]))
         else:
-            left.append(piece)
+            left.append((data, idx))
     batch = taken[0] if len(taken) == 1 else {k: np.concatenate([p[k] for p in taken]) for k in taken[0]}
-    return batch, left, sum(len(p["row_index"]) for p in left)
+    return batch, left, sum(len(idx) for _, idx in left)
 
 
 def _identity(x: Any) -> Any:

@@ -75,23 +75,37 @@ class TeacherStore:
         """Rows ``[start, stop)`` of each array in ``names``. Rows of shards that are not complete
         (only possible with ``allow_incomplete``) read as the arrays' fill values. A chunk that fails
         its checksum or cannot be decoded raises :class:`StoreDamaged` naming its shard."""
-        if not 0 <= start <= stop <= self.n_rows:
-            raise IndexError(f"rows [{start}, {stop}) out of range for {self.root} with {self.n_rows} rows")
+        return self.read_blocks(names, [(start, stop)])
+
+    def read_blocks(self, names: Iterable[str], blocks: Iterable[tuple[int, int]]) -> dict[str, np.ndarray]:
+        """The rows of several ranges ``[(start, stop), ...]``, one after the other, in one array per name
+        (each row decoded straight into its place: no concatenation)."""
+        blocks = list(blocks)
+        for start, stop in blocks:
+            if not 0 <= start <= stop <= self.n_rows:
+                raise IndexError(f"rows [{start}, {stop}) out of range for {self.root} with {self.n_rows} rows")
+        n = sum(b - a for a, b in blocks)
         out = {}
-        per_shard = self.manifest.shard_rows
         for name in names:
-            codec, spec = self._codec(name), self.layout[name]
-            rows = np.empty((stop - start, *spec.shape[1:]), dtype=spec.dtype)
-            for i in range(start // per_shard, -(-stop // per_shard)):
-                a, b = max(start, i * per_shard), min(stop, (i + 1) * per_shard)
-                try:
-                    codec.decode_rows(self.root / shard_key(spec, i), a - i * per_shard, b - i * per_shard,
-                                      rows[a - start:b - start], codec_pool())
-                except Exception as e:  # crc32c mismatch, truncated shard index, undecodable chunk...
-                    raise StoreDamaged.of_shards(str(self.root), {
-                        i: [f"{shard_key(spec, i)}: unreadable ({type(e).__name__}: {e})"]}) from e
+            spec = self.layout[name] if name in self.layout else self._array(name)  # KeyError naming the arrays
+            rows = np.empty((n, *spec.shape[1:]), dtype=spec.dtype)
+            at = 0
+            for start, stop in blocks:
+                self._read_into(name, start, stop, rows[at:at + stop - start])
+                at += stop - start
             out[name] = rows
         return out
+
+    def _read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+        codec, spec, per_shard = self._codec(name), self.layout[name], self.manifest.shard_rows
+        for i in range(start // per_shard, -(-stop // per_shard)):
+            a, b = max(start, i * per_shard), min(stop, (i + 1) * per_shard)
+            try:
+                codec.decode_rows(self.root / shard_key(spec, i), a - i * per_shard, b - i * per_shard,
+                                  out[a - start:b - start], codec_pool())
+            except Exception as e:  # crc32c mismatch, truncated shard index, undecodable chunk...
+                raise StoreDamaged.of_shards(str(self.root), {
+                    i: [f"{shard_key(spec, i)}: unreadable ({type(e).__name__}: {e})"]}) from e
 
     def _codec(self, name: str) -> ShardCodec:
         """The array's shard codec (:mod:`distillpipe.store.codec`: Zarr's format, read without Zarr's per-read
