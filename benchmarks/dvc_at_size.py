@@ -23,6 +23,8 @@ Disk: the store (S) plus at most one more copy of it (2S, checked up front and b
 everything is deleted at the end (``--keep`` keeps it).
 
 Usage: python benchmarks/dvc_at_size.py [--gb 20] [--shard-rows 512] [--workdir DIR] [--max-peak-gb 45] [--keep]
+                                       [--out FILE]
+Smoke run (a minute): python benchmarks/dvc_at_size.py --gb 0.3 --shard-rows 64 --out /tmp/dvc_at_size.json
 """
 
 from __future__ import annotations
@@ -293,6 +295,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=ROOT / "build", help="parent of the throwaway folder")
     ap.add_argument("--max-peak-gb", type=float, default=45.0, help="refuse a --gb whose peak disk use exceeds this")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dvc_at_size.json",
+                    help="where the numbers go (a smoke run: somewhere else)")
     args = ap.parse_args()
     target = args.gb * GB
     peak = 2.05 * target + 64 * 2**20  # the store, one more copy of it (commit/checkout with copy, push, pull)
@@ -366,14 +370,14 @@ def run(args: argparse.Namespace, work: Path, target: float) -> None:
     dvc.sh(repo, "git", "commit", "-qm", "synthetic teacher cache stage")
     results = measure(dvc, repo, work, disk, S, reflink)
     print_table(dvc.ops, raw_w, raw_r, reflink)
-    out = ROOT / "benchmarks" / "results" / "dvc_at_size.json"
+    out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": device, "dvc": dvc_version,
         "spec": SPEC.to_dict(), "store": store, "raw_disk": {"write_gb_per_s": raw_w, "read_gb_per_s": raw_r,
                                                             "file_gb": raw_bytes / GB},
         "ops": [op.row() for op in dvc.ops], **results, "peak_disk_gb": disk.peak / GB}, indent=1) + "\n")
-    print(f"peak disk use {disk.peak / GB:.1f} GB; numbers in {out.relative_to(ROOT)}")
+    print(f"peak disk use {disk.peak / GB:.1f} GB; numbers in {out}")
 
 
 def measure(dvc: Dvc, repo: Path, work: Path, disk: Disk, S: float, reflink: bool) -> dict:
@@ -479,9 +483,10 @@ def print_table(ops: list[Op], raw_w: float, raw_r: float, reflink: bool) -> Non
           f"i.e. {100 / raw_w:.0f} s and {100 / raw_r:.0f} s per 100 GB)")
     print("Recommended: cache.type " + ("reflink (copy-on-write: nothing is copied, and the workspace files are "
                                         "independent of the cache)" if reflink else
-                                        "hardlink, with hardlink FIRST: it is the only type for which `dvc commit` "
-                                        "links instead of copying (DVC hardlinks into the cache only when hardlink "
-                                        "is the first type; reflink is not available on this filesystem)"))
+                                        "hardlink,symlink, hardlink FIRST: DVC links a committed file into the cache "
+                                        "only when hardlink is the first type, any other order copies every byte "
+                                        "(reflink is not available on this filesystem; symlink serves a cache on "
+                                        "another filesystem)"))
 
 
 if __name__ == "__main__":
