@@ -9,7 +9,7 @@ export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup repro test test-all bench clean
+.PHONY: setup repro test test-all bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -31,7 +31,14 @@ test-all: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest -m ""
 
 bench: setup
-	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in benchmarks/[!_]*.py; do case $$b in *gpu_check.py|*dvc_at_size.py) continue;; esac; echo "== $$b"; $(PY) $$b || exit 1; done
+
+# (dvc_at_size.py writes a 20 GB store and needs ~41 GB free: run it by hand.)
+# On a machine with a GPU (DEVELOPERS.md): the CUDA tests and the GPU measurements, one JSON and a table.
+# Uses this checkout's .venv when there is one, else the machine's python3 (a lent GPU machine has torch).
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH=$(CURDIR)/src:$(CURDIR)/benchmarks$${PYTHONPATH:+:$$PYTHONPATH} HF_HUB_OFFLINE=1 $(GPU_PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

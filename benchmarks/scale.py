@@ -131,10 +131,10 @@ def ddp_step_time(tmp: Path, train_rows: int) -> None:
           f"{rates[1] / rates[2]:.2f}x (each run's time includes its start-up and evaluations)")
 
 
-def bert_large_cuda() -> None:
+def bert_large_cuda() -> dict:
     if not torch.cuda.is_available():
         print("4. BERT-Large-shaped caching on CUDA: skipped (no CUDA device here)")
-        return
+        return {}
     device = torch.device("cuda")
     model = BertModel(BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                                  intermediate_size=4096, max_position_embeddings=512),
@@ -161,6 +161,7 @@ def bert_large_cuda() -> None:
         cached = rate(lambda: capture_batch(model, batch, spec, seq_len=384))
     print(f"4. BERT-Large L 384 on {torch.cuda.get_device_name()}: capture {cached:.0f} seq/s vs bare forward "
           f"{bare:.0f} seq/s -> {cached / bare:.2f} (goal >= 0.95); {cached / 3200:.2f} of ~3,200 seq/s")
+    return {"capture_seq_s": cached, "bare_seq_s": bare, "capture/bare": cached / bare, "of_3200": cached / 3200}
 
 
 def main() -> None:
