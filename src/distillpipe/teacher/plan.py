@@ -11,8 +11,9 @@ For every ``teacher_cache.datasets`` item, from params.yaml and whatever inputs 
   the tokens, or bounded by the tokenize params' masking when there are no tokens yet.
 * **bytes**: per row and array, uncompressed, from :func:`~distillpipe.store.schema.array_layout`: the exact size of
   the data. On disk (Blosc zstd) it is *estimated* as the bytes of the real values only: padding, unused MLM slots
-  and ``-inf`` score blocks compress to almost nothing (an inner chunk of fill values is not even written), while the
-  float16 values themselves barely compress (measured: see :data:`COMPRESSED_TOLERANCE`).
+  and ``-inf`` score blocks compress to almost nothing (an inner chunk of fill values is not even written), while
+  float16 activations barely compress (measured: see :data:`COMPRESSED_TOLERANCE`); the MLM top-k arrays do
+  compress, by a measured factor (:data:`COMPRESSION`).
 * **files**: per shard one data file per array (at most: a shard whose every inner chunk is the fill value writes
   none) and one marker ``shards_done/<i>.json``, plus a ``zarr.json`` for the root, every group and every array.
 * **memory per worker** = 2 x (one shard of every array, uncompressed) + 4 bytes x the teacher's parameters (fp32):
@@ -60,11 +61,17 @@ log = logging.getLogger(__name__)
 
 WEIGHT_BYTES = 4
 """Bytes a teacher parameter takes in memory: the loader keeps fp32 weights (autocast decides the compute dtype)."""
+COMPRESSION = {MLM: 0.55}
+"""Bytes on disk / bytes of the real values, for the signal groups that do compress: the MLM top-k (logits sorted
+in each slot, ids, positions), measured 0.54 on the embedded wiki store (MiniLM-L6 + its MLM head, 512 rows: logits
+0.55, ids 0.53, positions 0.48, logsumexp 0.65). Every other group: 1 (float16 activations barely compress)."""
 COMPRESSED_TOLERANCE = (0.8, 1.1)
-"""Bytes of the data files on disk / the on-disk estimate that tests/teacher/test_plan.py accepts. Measured on whole
-stores: 0.90-0.98 with MiniLM-L6 on the embedded data (per float16 array: hidden states 0.93, attention probabilities
-0.86-0.92, pooled scores 0.90-1.03, embeddings 0.93), 0.93-0.96 with the tiny test teachers. The estimate is high for
-small integer arrays (row indices and top-k ids compress to a third) and low for float32 logsumexps."""
+"""Bytes of the data files on disk / the on-disk estimate that tests/teacher/test_plan.py accepts for stores of
+activations. Measured on whole stores: 0.90-0.98 with MiniLM-L6 on the embedded data (per float16 array: hidden states
+0.93-0.94, attention probabilities 0.86-0.92, pooled scores 0.90-1.03, embeddings 0.93), 0.93-0.96 with the tiny test
+teachers. The estimate is high for small integer arrays (row indices and lengths compress to a quarter)."""
+
+
 # --------------------------------------------------------------------------------------------
 # the teacher: sizes, parameters, FLOPs (BERT architecture, from config.json)
 # --------------------------------------------------------------------------------------------
@@ -143,10 +150,13 @@ class ArrayPlan:
     """Uncompressed bytes a row."""
     occupancy: float
     """Fraction of the row that holds real values (not padding or unused slots): 1 when unknown."""
+    compression: float
+    """Bytes on disk / bytes of the real values (:data:`COMPRESSION`)."""
 
     @property
     def est_row_bytes(self) -> float:
-        return self.row_bytes * self.occupancy
+        """Estimated bytes a row on disk."""
+        return self.row_bytes * self.occupancy * self.compression
 
 
 @dataclass
@@ -293,7 +303,7 @@ def _arrays(spec: SignalSpec, rows: Rows) -> list[ArrayPlan]:
         if rows.masked is not None and spec.mlm_max_masked:
             occupancy[MLM] = rows.masked.mean() / spec.mlm_max_masked
     return [ArrayPlan(a.name, array_group(a.name), str(a.dtype), a.row_shape, a.row_nbytes,
-                      float(occupancy.get(array_group(a.name), 1.0)))
+                      float(occupancy.get(array_group(a.name), 1.0)), COMPRESSION.get(array_group(a.name), 1.0))
             for a in array_layout(spec, 0, 1)]
 
 
