@@ -279,8 +279,8 @@ def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokeni
         item.problems.append(f"signals name layer {deepest}, the teacher has {n_layers} layers")
     item.arrays = _arrays(item.spec, rows)
     if rows.lengths is None:
-        item.notes.append("no tokens: padding unknown, so the on-disk estimate is the uncompressed size (an upper "
-                          "bound)")
+        item.notes.append("no tokens: padding unknown, so the on-disk estimate counts every position as real (high "
+                          "for rows shorter than L)")
     item.flops_per_row = row_flops(config, item.spec, cfg.head, rows)
     if bench is not None:
         for where, flops_per_s, cores in (("here", bench.forward_flops_per_s, bench.cores),
@@ -388,14 +388,18 @@ def plan_caches(params: Path, root: Path, bench_path: Path) -> Plan:
     plan = Plan(items, bench, str(disk), free, existing, [])
     for i in items:
         plan.warnings += [f"{i.name}: {p}" for p in i.problems]
-    est, upper = plan.total("est_bytes"), plan.total("nbytes")
+    # the items whose size is known: with one unknown, the stores need more than that
+    est = sum(i.est_bytes for i in items if i.est_bytes is not None)
+    upper = sum(i.nbytes for i in items if i.nbytes is not None)
+    unknown = sum(i.nbytes is None for i in items)
+    more = f" (and {unknown} item(s) of unknown size)" if unknown else ""
     room = free + existing
-    if est is not None and est > room:
-        plan.warnings.append(f"the stores need ~{fmt_bytes(est)} on disk but {disk} has {fmt_bytes(room)} free "
+    if est > room:
+        plan.warnings.append(f"the stores need ~{fmt_bytes(est)}{more} on disk but {disk} has {fmt_bytes(room)} free "
                              "(counting the stores already there): they will not fit")
-    elif upper is not None and upper > room:
-        plan.warnings.append(f"the stores may not fit: up to {fmt_bytes(upper)} uncompressed, {fmt_bytes(room)} free "
-                             f"on {disk} (counting the stores already there)")
+    elif upper > room:
+        plan.warnings.append(f"the stores may not fit: up to {fmt_bytes(upper)}{more} uncompressed, {fmt_bytes(room)} "
+                             f"free on {disk} (counting the stores already there)")
     for w in plan.warnings:
         log.warning("%s", w)
     return plan
