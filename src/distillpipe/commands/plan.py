@@ -10,8 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from distillpipe.commands.base import ParamsOpt, user_errors
+from distillpipe.store.schema import MLM
 from distillpipe.teacher.bench import BENCH_HINT
-from distillpipe.teacher.plan import WEIGHT_BYTES, ItemPlan, Plan, fmt_bytes, plan_caches
+from distillpipe.teacher.plan import COMPRESSION, WEIGHT_BYTES, ItemPlan, Plan, fmt_bytes, plan_caches
 
 BenchOpt = Annotated[Path, typer.Option("--bench", help="benchmark JSON of this machine (benchmarks/at_scale.py)")]
 
@@ -30,7 +31,7 @@ def plan(params: ParamsOpt = Path("params.yaml"),
 def format_plan(p: Plan) -> str:
     """The plan as a fixed-width table (one row per item, then totals), each item's details, the formulas."""
     timed = p.bench is not None
-    head = ["item", "rows", "", "bytes/row", "uncompressed", "~on disk", "shards", "files", "mem/worker"]
+    head = ["item", "rows", "from", "bytes/row", "uncompressed", "~on disk", "shards", "files", "mem/worker"]
     if timed:
         head += ["time here", "bound", "time GPU", "bound"]
     table = [head]
@@ -88,9 +89,10 @@ def _details(i: ItemPlan) -> list[str]:
 def _formulas(p: Plan) -> list[str]:
     out = [
         "uncompressed = rows x bytes a row (exact, from the store's array layout); ~on disk = the bytes of the real "
-        "values (padding and unused MLM slots compress to ~0, float16 values barely compress): an estimate",
-        f"mem/worker = 2 x shard_rows x bytes a row (a shard held twice while written) + {WEIGHT_BYTES} B x teacher "
-        "parameters (fp32)",
+        "values (padding and unused MLM slots compress to ~0, float16 activations barely compress; MLM top-k x "
+        f"{COMPRESSION[MLM]}, measured): an estimate",
+        f"mem/worker = 2 x min(shard_rows, rows) x bytes a row (a shard held twice while written) + {WEIGHT_BYTES} B x "
+        "teacher parameters (fp32)",
     ]
     b = p.bench
     if b is None:
