@@ -14,6 +14,7 @@ from distillpipe.commands import (
     finetune,
     inspect,
     new_task,
+    plan,
     prepare,
     qg_finetune,
     report,
@@ -46,6 +47,7 @@ for name, fn in [
     ("speed", speed.speed),
     ("report", report.report),
     ("inspect", inspect.inspect),
+    ("plan", plan.plan),
     ("new-task", new_task.new_task),
 ]:
     app.command(name)(fn)

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 import torch
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
-from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
+from distillpipe.config.teacher_cache import SignalsConfig, TeacherCacheDatasetConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError
 from distillpipe.identity import stage_code
@@ -115,6 +116,18 @@ class ShardJob:
 
 
 @dataclass(frozen=True)
+class TeacherSizes:
+    """What a signal spec needs to know about the teacher (:func:`spec_for`)."""
+
+    head: str
+    """``base``, ``mlm``, ``classification`` or ``qa``."""
+    num_labels: int
+    vocab_size: int
+    hidden_size: int
+    n_heads: int
+
+
+@dataclass(frozen=True)
 class TeacherFacts:
     """What the store's manifest and signal spec need to know about the teacher, as a worker loads it."""
 
@@ -126,6 +139,11 @@ class TeacherFacts:
     n_heads: int
     compute: dict[str, Any]
     device: str
+
+    @property
+    def sizes(self) -> TeacherSizes:
+        return TeacherSizes(head=self.head, num_labels=self.num_labels, vocab_size=self.vocab_size,
+                            hidden_size=self.hidden_size, n_heads=self.n_heads)
 
 
 @dataclass
@@ -216,30 +234,47 @@ def cache_shard(job: ShardJob, i: int) -> dict[str, Any]:
 
 
 def signal_spec(cfg: TeacherCacheDatasetConfig, facts: TeacherFacts, tokens_meta: dict, rows) -> SignalSpec:
-    """The store's signal spec for ``cfg`` on this teacher and these tokens: the one place where the user's
-    :class:`~distillpipe.config.teacher_cache.SignalsConfig` becomes a
-    :class:`~distillpipe.store.schema.SignalSpec`. The sizes come from the teacher (``facts``) and the tokens
-    (``max_seq_len``; the most masked positions of any row), the selection from ``cfg.signals``."""
-    s = cfg.signals
+    """The store's signal spec for ``cfg`` on this teacher and these tokens (:func:`spec_for` with the most masked
+    positions of any of ``rows``)."""
+    max_masked = max_masked_positions(rows, tokens_meta) if cfg.signals.mlm_topk else 0
+    return spec_for(cfg.signals, facts.sizes, int(tokens_meta["max_seq_len"]), max_masked)
+
+
+def spec_for(s: SignalsConfig, teacher: TeacherSizes, max_seq_len: int, max_masked: int) -> SignalSpec:
+    """The one place where the user's :class:`~distillpipe.config.teacher_cache.SignalsConfig` becomes a
+    :class:`~distillpipe.store.schema.SignalSpec`: the selection from ``s``, the sizes from the teacher, the
+    tokens' ``max_seq_len`` and ``max_masked`` (M, the most masked positions of any row; ignored without
+    ``mlm_topk``). The build passes what it reads from the model and the tokens (:func:`signal_spec`);
+    ``distillpipe plan`` what it reads from ``config.json`` and the tokens folder, or a bound on M."""
     task = "none"
     if s.logits:
-        task = "qa" if facts.head == "qa" else "classification"
-    max_masked = 0
-    if s.mlm_topk:
-        if "masked_positions" not in rows.column_names:
-            raise TeacherCacheError(f"signals.mlm_topk needs MLM tokens (with masked_positions); "
-                                    f"{tokens_meta['name']} is {tokens_meta['kind']}")
-        max_masked = max((len(p) for p in rows["masked_positions"]), default=0)
+        task = "qa" if teacher.head == "qa" else "classification"
     return SignalSpec(
-        max_seq_len=int(tokens_meta["max_seq_len"]), pool=s.pool, task=task,
-        n_classes=facts.num_labels if task == "classification" else 0,
-        vocab_size=facts.vocab_size, mlm_topk=s.mlm_topk, mlm_max_masked=max_masked,
-        hidden_layers=tuple(s.hidden_layers), hidden_size=facts.hidden_size,
+        max_seq_len=int(max_seq_len), pool=s.pool, task=task,
+        n_classes=teacher.num_labels if task == "classification" else 0,
+        vocab_size=teacher.vocab_size, mlm_topk=s.mlm_topk, mlm_max_masked=int(max_masked) if s.mlm_topk else 0,
+        hidden_layers=tuple(s.hidden_layers), hidden_size=teacher.hidden_size,
         # attn_probs: the attention layers are kept as unpooled probabilities INSTEAD of pooled scores
-        attn_layers=() if s.attn_probs else tuple(s.attn_layers), n_heads=facts.n_heads,
+        attn_layers=() if s.attn_probs else tuple(s.attn_layers), n_heads=teacher.n_heads,
         attn_probs_layers=tuple(s.attn_layers) if s.attn_probs else (),
-        embedding_size=facts.hidden_size if s.embeddings else 0,
+        embedding_size=teacher.hidden_size if s.embeddings else 0,
     )
+
+
+def max_masked_positions(rows, tokens_meta: dict) -> int:
+    """M: the most masked positions of any of ``rows`` (a ``datasets.Dataset`` of MLM tokens), read from Arrow
+    (no Python list per row, so it stays fast on millions of rows)."""
+    if "masked_positions" not in rows.column_names:
+        raise TeacherCacheError(f"signals.mlm_topk needs MLM tokens (with masked_positions); "
+                                f"{tokens_meta['name']} is {tokens_meta['kind']}")
+    counts = masked_counts(rows)
+    return int(counts.max()) if counts.size else 0
+
+
+def masked_counts(rows) -> np.ndarray:
+    """(n,) the number of masked positions of each of ``rows`` (the dataset's row selection applied)."""
+    column = rows.with_format("arrow")["masked_positions"]  # a pyarrow array over the selected rows
+    return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 @dataclass

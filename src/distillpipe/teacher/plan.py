@@ -1,0 +1,415 @@
+"""Planning the teacher caches before anything runs (``distillpipe plan``): rows, arrays, bytes, files, memory, time.
+
+For every ``teacher_cache.datasets`` item, from params.yaml and whatever inputs already exist (it only reads):
+
+* **rows**: counted in the tokens folder (``data/tokens/<name>``: its split, ``max_rows`` applied with the very
+  rule the build uses, :func:`~distillpipe.teacher.cache.row_subset`); else estimated from the prepared folder
+  (``data/prepared/<name>``) and the tokenize params at
+  :data:`~distillpipe.teacher.rows.CHARS_PER_TOKEN`; else unknown.
+* **the signal spec** the build would make: the same function (:func:`~distillpipe.teacher.cache.spec_for`) with
+  the teacher's sizes from ``models/teacher/<teacher>/config.json`` and M (the most masked positions of a row) from
+  the tokens, or bounded by the tokenize params' masking when there are no tokens yet.
+* **bytes**: per row and array, uncompressed, from :func:`~distillpipe.store.schema.array_layout`: the exact size of
+  the data. On disk (Blosc zstd) it is *estimated* as the bytes of the real values only: padding, unused MLM slots
+  and ``-inf`` score blocks compress to almost nothing (an inner chunk of fill values is not even written), while
+  float16 activations barely compress (measured: see :data:`COMPRESSED_TOLERANCE`); the MLM top-k arrays do
+  compress, by a measured factor (:data:`COMPRESSION`).
+* **files**: per shard one data file per array (at most: a shard whose every inner chunk is the fill value writes
+  none) and one marker ``shards_done/<i>.json``, plus a ``zarr.json`` for the root, every group and every array.
+* **memory per worker** = 2 x (one shard of every array, uncompressed) + 4 bytes x the teacher's parameters (fp32):
+  a shard is held twice while written (the arrays and their encoded files,
+  :func:`distillpipe.store.writer.write_shard`).
+* **time**, from the machine benchmark JSON (``benchmarks/at_scale.py`` writes it): rows/s = the least of
+  compute (FLOP/s / :func:`forward_flops` a row), the host side (cores / (CPU s a byte x uncompressed bytes a row))
+  and the disk (write bytes/s / estimated bytes on disk a row); once for the measured machine, once projected to the
+  benchmark's GPU with its ``projection_cores``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distillpipe.config.base import load_section
+from distillpipe.config.teacher_cache import TeacherCacheConfig, TeacherCacheDatasetConfig
+from distillpipe.config.tokenize import TokenizeConfig
+from distillpipe.store.schema import (
+    ATTN_PROBS,
+    ATTN_SCORES,
+    EMBEDDINGS,
+    END_LOGITS,
+    HIDDEN,
+    MLM,
+    START_LOGITS,
+    SignalSpec,
+    array_group,
+    array_layout,
+)
+from distillpipe.store.shards import tree_bytes
+from distillpipe.teacher.bench import Bench, load_bench, throughput
+from distillpipe.teacher.cache import TeacherCacheError, TeacherSizes, spec_for
+from distillpipe.teacher.rows import Rows, count_rows
+
+log = logging.getLogger(__name__)
+
+WEIGHT_BYTES = 4
+"""Bytes a teacher parameter takes in memory: the loader keeps fp32 weights (autocast decides the compute dtype)."""
+COMPRESSION = {MLM: 0.55}
+"""Bytes on disk / bytes of the real values, for the signal groups that do compress: the MLM top-k (logits sorted
+in each slot, ids, positions), measured 0.54 on the embedded wiki store (MiniLM-L6 + its MLM head, 512 rows: logits
+0.55, ids 0.53, positions 0.48, logsumexp 0.65). Every other group: 1 (float16 activations barely compress)."""
+COMPRESSED_TOLERANCE = (0.8, 1.1)
+"""Bytes of the data files on disk / the on-disk estimate that tests/teacher/test_plan.py accepts for stores of
+activations. Measured on whole stores: 0.90-0.98 with MiniLM-L6 on the embedded data (per float16 array: hidden states
+0.93-0.94, attention probabilities 0.86-0.92, pooled scores 0.90-1.03, embeddings 0.93), 0.93-0.96 with the tiny test
+teachers. The estimate is high for small integer arrays (row indices and lengths compress to a quarter)."""
+
+
+# --------------------------------------------------------------------------------------------
+# the teacher: sizes, parameters, FLOPs (BERT architecture, from config.json)
+# --------------------------------------------------------------------------------------------
+
+
+def _bert_sizes(config: Mapping) -> tuple[int, int, int, int, int]:
+    """(d, n_layers, heads, d_ff, vocab) of a BERT-architecture config.json; KeyError names a missing key."""
+    return (int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"]),
+            int(config["intermediate_size"]), int(config["vocab_size"]))
+
+
+def num_labels(config: Mapping) -> int:
+    """transformers' ``num_labels``: the size of ``id2label`` (config.json leaves it out at its default of 2)."""
+    return len(config["id2label"]) if config.get("id2label") else int(config.get("num_labels", 2))
+
+
+def teacher_sizes(config: Mapping, head: str) -> TeacherSizes:
+    d, _, heads, _, vocab = _bert_sizes(config)
+    return TeacherSizes(head=head, num_labels=num_labels(config), vocab_size=vocab, hidden_size=d, n_heads=heads)
+
+
+def teacher_params(config: Mapping, head: str) -> int:
+    """Parameters of the teacher as the build loads it with ``head`` (BERT architecture): embeddings (word, position,
+    type, LayerNorm), per layer Q, K, V, O, FFN and two LayerNorms, then the pooler (``base``, ``classification``)
+    and the head; the MLM decoder's weight is the tied word embedding (only its bias counts) unless untied."""
+    d, n_layers, _, ff, vocab = _bert_sizes(config)
+    n = (vocab + int(config["max_position_embeddings"]) + int(config["type_vocab_size"])) * d + 2 * d
+    n += n_layers * (4 * (d * d + d) + (d * ff + ff) + (ff * d + d) + 2 * 2 * d)
+    if head in ("base", "classification"):
+        n += d * d + d  # pooler
+    if head == "classification":
+        n += d * num_labels(config) + num_labels(config)
+    elif head == "qa":
+        n += d * num_labels(config) + num_labels(config)  # the start/end head: num_labels = 2
+    elif head == "mlm":
+        n += d * d + d + 2 * d + vocab + (0 if config.get("tie_word_embeddings", True) else vocab * d)
+    return n
+
+
+def forward_flops(config: Mapping, seq_len: int, head: str, masked: float = 0, *, layers: int | None = None) -> float:
+    """FLOPs of one BERT-architecture forward of one row of ``seq_len`` tokens, a multiply-add counting 2.
+
+    Per layer and token: the Q, K, V and output projections 4 d^2, the FFN 2 d d_ff, the attention scores and the
+    weighted sum 2 L d; all x 2. Then the head: ``mlm`` at ``masked`` positions (the capture runs it there only) the
+    transform d^2 and the decoder d V; ``classification`` the pooler d^2 and the classifier d C on [CLS]; ``qa`` the
+    span head d C a token (C = ``num_labels`` = 2: start, end); ``base`` none. ``layers``: run only the first
+    ``layers`` encoder layers (the capture stops after the deepest layer it needs when there is no head). Embedding
+    look-ups, LayerNorms, softmax and biases are left out (O(L d), under 1 % of a layer)."""
+    d, n_layers, _, ff, vocab = _bert_sizes(config)
+    L = seq_len
+    n = n_layers if layers is None else layers
+    flops = n * 2 * (L * (4 * d * d + 2 * d * ff) + 2 * L * L * d)
+    if head == "mlm":
+        flops += 2 * masked * (d * d + d * vocab)
+    elif head == "classification":
+        flops += 2 * (d * d + d * num_labels(config))
+    elif head == "qa":
+        flops += 2 * L * d * num_labels(config)
+    elif head != "base":
+        raise ValueError(f"unknown head {head!r}")
+    return float(flops)
+
+
+# --------------------------------------------------------------------------------------------
+# one item
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayPlan:
+    name: str
+    group: str
+    dtype: str
+    row_shape: tuple[int, ...]
+    row_bytes: int
+    """Uncompressed bytes a row."""
+    occupancy: float
+    """Fraction of the row that holds real values (not padding or unused slots): 1 when unknown."""
+    compression: float
+    """Bytes on disk / bytes of the real values (:data:`COMPRESSION`)."""
+
+    @property
+    def est_row_bytes(self) -> float:
+        """Estimated bytes a row on disk."""
+        return self.row_bytes * self.occupancy * self.compression
+
+
+@dataclass
+class ItemPlan:
+    name: str
+    teacher: str
+    rows: Rows
+    shard_rows: int
+    spec: SignalSpec | None = None
+    arrays: list[ArrayPlan] = field(default_factory=list)
+    teacher_params: int | None = None
+    flops_per_row: float | None = None
+    rates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``here`` / ``gpu``: {rows_per_s, seconds (None: rows unknown), bound}."""
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """What would make the build fail."""
+
+    @property
+    def n_shards(self) -> int | None:
+        return None if self.rows.n is None else -(-self.rows.n // self.shard_rows)
+
+    @property
+    def row_bytes(self) -> int | None:
+        return sum(a.row_bytes for a in self.arrays) if self.spec else None
+
+    @property
+    def est_row_bytes(self) -> float | None:
+        return sum(a.est_row_bytes for a in self.arrays) if self.spec else None
+
+    @property
+    def nbytes(self) -> int | None:
+        """Uncompressed bytes of every array: exact."""
+        return None if self.rows.n is None or not self.spec else self.rows.n * self.row_bytes
+
+    @property
+    def est_bytes(self) -> float | None:
+        """Estimated bytes of the data files on disk."""
+        return None if self.rows.n is None or not self.spec else self.rows.n * self.est_row_bytes
+
+    @property
+    def group_row_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.arrays:
+            out[a.group] = out.get(a.group, 0) + a.row_bytes
+        return out
+
+    @property
+    def files(self) -> dict[str, int] | None:
+        """Files in the store: ``data`` (at most; see the module docstring), ``markers``, ``metadata``, ``total``."""
+        if self.n_shards is None or not self.spec:
+            return None
+        groups = {"/".join(a.name.split("/")[:k]) for a in self.arrays for k in range(1, a.name.count("/") + 1)}
+        out = {"data": len(self.arrays) * self.n_shards, "markers": self.n_shards,
+               "metadata": 1 + len(groups) + len(self.arrays)}
+        return {**out, "total": sum(out.values())}
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Per worker: 2 x one shard of every array + WEIGHT_BYTES x the teacher's parameters."""
+        if not self.spec or self.teacher_params is None:
+            return None
+        shard = min(self.shard_rows, self.rows.n) if self.rows.n is not None else self.shard_rows
+        return 2 * shard * self.row_bytes + WEIGHT_BYTES * self.teacher_params
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "teacher": self.teacher,
+            "rows": {"n": self.rows.n, "how": self.rows.how, "note": self.rows.note,
+                     "max_seq_len": self.rows.max_seq_len, "max_masked": self.rows.max_masked},
+            "spec": self.spec.to_dict() if self.spec else None,
+            "arrays": [{**asdict(a), "row_shape": list(a.row_shape), "est_row_bytes": a.est_row_bytes}
+                       for a in self.arrays],
+            "group_row_bytes": self.group_row_bytes, "row_bytes": self.row_bytes, "est_row_bytes": self.est_row_bytes,
+            "bytes": self.nbytes, "est_bytes": self.est_bytes, "shard_rows": self.shard_rows,
+            "shards": self.n_shards, "files": self.files, "teacher_params": self.teacher_params,
+            "memory_bytes": self.memory_bytes, "flops_per_row": self.flops_per_row, "rates": self.rates,
+            "notes": self.notes, "problems": self.problems,
+        }
+
+
+def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokenize: TokenizeConfig, root: Path,
+              bench: Bench | None) -> ItemPlan:
+    """What item ``name`` would build, with the inputs under ``root`` as they are now."""
+    tokens, prepared = root / "data" / "tokens" / name, root / "data" / "prepared" / name
+    try:
+        rows = count_rows(name, cfg, tokenize, tokens, prepared)
+    except (TeacherCacheError, FileNotFoundError) as e:  # the build would fail the same way: say it, plan the rest
+        rows = Rows(None, "unknown", str(e), None, 0)
+    item = ItemPlan(name, cfg.teacher, rows, shard_rows)
+    config_path = root / "models" / "teacher" / cfg.teacher / "config.json"
+    if not config_path.is_file():
+        item.notes.append(f"{config_path} not found: teacher sizes unknown (run teacher_import / teacher_finetune "
+                          "first)")
+        return item
+    if rows.max_seq_len is None:
+        item.notes.append("sequence length unknown: no tokens and no tokenize params for this dataset")
+        return item
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        sizes = teacher_sizes(config, cfg.head)
+        n_layers = int(config["num_hidden_layers"])
+        item.teacher_params = teacher_params(config, cfg.head)
+    except KeyError as e:
+        item.notes.append(f"{config_path} has no {e.args[0]!r}: not a BERT-architecture config, sizes unknown")
+        return item
+    s = cfg.signals
+    if s.mlm_topk and rows.how == "tokens" and rows.masked is None:
+        item.problems.append(f"signals.mlm_topk needs MLM tokens (with masked_positions); {tokens} has none")
+        return item
+    try:
+        item.spec = spec_for(s, sizes, rows.max_seq_len, rows.max_masked)
+    except ValueError as e:
+        item.problems.append(f"the build would refuse these signals: {e}")
+        return item
+    if s.mlm_topk and rows.how != "tokens":
+        item.notes.append(f"M = {rows.max_masked} is the tokenize params' bound (the tokens decide it)")
+    deepest = max((*s.hidden_layers, *s.attn_layers), default=0)
+    if deepest > n_layers:
+        item.problems.append(f"signals name layer {deepest}, the teacher has {n_layers} layers")
+    item.arrays = _arrays(item.spec, rows)
+    if rows.lengths is None:
+        item.notes.append("no tokens: padding unknown, so the on-disk estimate counts every position as real (high "
+                          "for rows shorter than L)")
+    item.flops_per_row = row_flops(config, item.spec, cfg.head, rows)
+    if bench is not None:
+        for where, flops_per_s, cores in (("here", bench.forward_flops_per_s, bench.cores),
+                                          ("gpu", bench.gpu_flops_per_s, bench.projection_cores)):
+            item.rates[where] = throughput(item.flops_per_row, item.row_bytes, item.est_row_bytes, flops_per_s,
+                                           cores, bench, rows.n)
+    return item
+
+
+def _arrays(spec: SignalSpec, rows: Rows) -> list[ArrayPlan]:
+    """The store's arrays with the share of each row that holds real values (from the tokens' lengths and masks)."""
+    L, Lp, p = spec.max_seq_len, spec.pooled_len, spec.pool
+    occupancy: dict[str, float] = {}
+    if rows.lengths is not None and rows.lengths.size:
+        n = rows.lengths.astype(np.float64)
+        groups = np.ceil(n / p)
+        occupancy = {HIDDEN: groups.mean() / Lp, ATTN_SCORES: (groups**2).mean() / Lp**2,
+                     ATTN_PROBS: (n**2).mean() / L**2, EMBEDDINGS: n.mean() / L, START_LOGITS: n.mean() / L,
+                     END_LOGITS: n.mean() / L}
+        if rows.masked is not None and spec.mlm_max_masked:
+            occupancy[MLM] = rows.masked.mean() / spec.mlm_max_masked
+    return [ArrayPlan(a.name, array_group(a.name), str(a.dtype), a.row_shape, a.row_nbytes,
+                      float(occupancy.get(array_group(a.name), 1.0)), COMPRESSION.get(array_group(a.name), 1.0))
+            for a in array_layout(spec, 0, 1)]
+
+
+def row_flops(config: Mapping, spec: SignalSpec, head: str, rows: Rows) -> float:
+    """FLOPs the build spends on a row, on average: the forward the capture runs (:func:`forward_flops` at each
+    row's length; the head only when its logits are cached; else up to the deepest cached layer), plus the
+    capture's recomputed Q K^T for each cached attention layer (2 L^2 d). L is the padded length when the lengths
+    are unknown; batches are padded to their longest row (length-bucketed), so this is a slight underestimate."""
+    n_layers, d = int(config["num_hidden_layers"]), int(config["hidden_size"])
+    if spec.mlm_topk:
+        run, layers = "mlm", None
+    elif spec.task != "none":
+        run, layers = head, None
+    else:
+        run = "base"
+        layers = min(n_layers, max((*spec.hidden_layers, *spec.attn_layers, *spec.attn_probs_layers), default=0))
+    n_attn = len(spec.attn_layers) + len(spec.attn_probs_layers)
+    if rows.lengths is not None and rows.lengths.size:
+        lengths, counts = np.unique(rows.lengths, return_counts=True)
+    else:
+        lengths, counts = np.array([spec.max_seq_len]), np.array([1])
+    masked = float(rows.masked.mean()) if rows.masked is not None and rows.masked.size else spec.mlm_max_masked
+    per_length = [forward_flops(config, int(L), run, masked, layers=layers) + n_attn * 2 * int(L) ** 2 * d
+                  for L in lengths]
+    return float(np.dot(per_length, counts) / counts.sum())
+
+
+# --------------------------------------------------------------------------------------------
+# every item
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    items: list[ItemPlan]
+    bench: Bench | None
+    disk_path: str
+    """The nearest existing folder of ``data/teacher``, whose disk the stores go to."""
+    disk_free: int
+    existing_bytes: int
+    """Bytes of stores already under data/teacher: a resume keeps them, a rebuild frees them first."""
+    warnings: list[str]
+
+    def total(self, attr: str) -> float | None:
+        """Sum of an item attribute; None when any item's is unknown."""
+        values = [getattr(i, attr) for i in self.items]
+        return None if any(v is None for v in values) else sum(values)
+
+    def seconds(self, where: str) -> float | None:
+        values = [i.rates.get(where, {}).get("seconds") for i in self.items]
+        return None if not self.bench or any(v is None for v in values) else sum(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        files = [i.files for i in self.items]
+        return {"items": [i.to_dict() for i in self.items],
+                "bench": asdict(self.bench) if self.bench else None,
+                "totals": {"rows": self.total_rows, "bytes": self.total("nbytes"), "est_bytes": self.total("est_bytes"),
+                           "files": None if None in files else sum(f["total"] for f in files),
+                           "seconds_here": self.seconds("here"), "seconds_gpu": self.seconds("gpu")},
+                "disk": {"path": self.disk_path, "free": self.disk_free, "existing_stores": self.existing_bytes},
+                "warnings": self.warnings}
+
+    @property
+    def total_rows(self) -> int | None:
+        values = [i.rows.n for i in self.items]
+        return None if None in values else sum(values)
+
+
+def plan_caches(params: Path, root: Path, bench_path: Path) -> Plan:
+    """The plan of every ``teacher_cache.datasets`` item of ``params``, for the repository at ``root``."""
+    cache_cfg = load_section(params, "teacher_cache", TeacherCacheConfig)
+    tokenize = load_section(params, "tokenize", TokenizeConfig)
+    bench = load_bench(bench_path)
+    items = [plan_item(name, cfg, cache_cfg.shard_rows, tokenize, root, bench)
+             for name, cfg in cache_cfg.datasets.items()]
+    out = root / "data" / "teacher"
+    disk = out
+    while not disk.exists():
+        disk = disk.parent
+    free = shutil.disk_usage(disk).free
+    existing = sum(tree_bytes(out / f"{i.name}.zarr") for i in items) if out.is_dir() else 0
+    plan = Plan(items, bench, str(disk), free, existing, [])
+    for i in items:
+        plan.warnings += [f"{i.name}: {p}" for p in i.problems]
+    # the items whose size is known: with one unknown, the stores need more than that
+    est = sum(i.est_bytes for i in items if i.est_bytes is not None)
+    upper = sum(i.nbytes for i in items if i.nbytes is not None)
+    unknown = sum(i.nbytes is None for i in items)
+    more = f" (and {unknown} item(s) of unknown size)" if unknown else ""
+    room = free + existing
+    if est > room:
+        plan.warnings.append(f"the stores need ~{fmt_bytes(est)}{more} on disk but {disk} has {fmt_bytes(room)} free "
+                             "(counting the stores already there): they will not fit")
+    elif upper > room:
+        plan.warnings.append(f"the stores may not fit: up to {fmt_bytes(upper)}{more} uncompressed, {fmt_bytes(room)} "
+                             f"free on {disk} (counting the stores already there)")
+    for w in plan.warnings:
+        log.warning("%s", w)
+    return plan
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in decimal units (kB, MB, GB, TB), as disks are sold; ``?`` for unknown."""
+    if n is None:
+        return "?"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
