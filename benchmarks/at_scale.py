@@ -17,8 +17,8 @@ machine:
 Then it PROJECTS, for a box of ``--cores`` cores with one H100 (a BERT-Large L 384 forward at
 ``--gpu-seq-s`` sequences/s in bf16, scaled to other shapes by FLOPs, and the capture's extra Q K^T
 FLOPs), the rows/s each resource allows: GPU (forward + capture), device-to-host copy (at
-``--pcie-gb-s``), the driver's main thread (which cuts batches and waits for each batch's copy: serial
-with the GPU), the shard writers (their CPU time spread over the cores left, limited by the serial part
+``--pcie-gb-s``), the driver's main thread (which cuts the next batch while the GPU runs the current one,
+then takes its copy), the shard writers (their CPU time spread over the cores left, limited by the serial part
 measured in 2: Amdahl), and the disk. The smallest is the bound.
 Measured vs projected: steps 1-4 are measured here; the GPU rate, the PCIe rate and the 16-core
 scaling are projections from them.
@@ -348,7 +348,9 @@ def project(sset: SignalSet, m: dict, disk_write: float, args) -> dict:
     rates = {
         "gpu": gpu,
         "pcie": args.pcie_gb_s * 1e9 / m["captured_bytes_per_row"],
-        "main thread": 1 / (1 / gpu + main_s),  # the host work of the driver waits on, and delays, the GPU
+        # the driver's host work (cutting the next batch, taking the copy) overlaps the GPU's work on the current one
+        # (distillpipe.teacher.shard.compute_shard): the slower of the two sets the pace
+        "main thread": 1 / max(1 / gpu, main_s),
         "writers": writers_speedup / writer_s if writer_s else float("inf"),
         "disk": disk_write / m["stored_bytes_per_row"],
     }

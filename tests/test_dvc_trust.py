@@ -71,6 +71,7 @@ def _clean_build(repo, name):
     return files
 
 
+@pytest.mark.slow  # ~60 s: four real `dvc repro`s; tests/test_identity.py checks the same hole structurally, fast
 def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher):
     """The two edits that a narrower code identity (shard computation and writer only) let resume a stale
     store with "0 to write": the driver's row selection and the teacher loader. Each must rebuild, name

@@ -84,8 +84,11 @@ def compute_shard(model: torch.nn.Module, rows, start: int, stop: int, spec: Sig
     columns = TokenColumns(rows, start, stop)
     out = ShardArrays(stop - start)
     out[ROW_INDEX] = np.arange(start, stop, dtype=np.int64)
-    for idx in length_buckets(columns.lengths, batch_size):
-        batch = columns.collate(idx, pad_id)
-        out.add(np.asarray(idx), to_host(capture_batch(model, batch, spec, seq_len=spec.max_seq_len,
-                                                       max_masked=spec.mlm_max_masked or None), check=False))
+    buckets = length_buckets(columns.lengths, batch_size)
+    batch = columns.collate(buckets[0], pad_id) if buckets else None
+    for k, idx in enumerate(buckets):
+        signals = capture_batch(model, batch, spec, seq_len=spec.max_seq_len, max_masked=spec.mlm_max_masked or None)
+        # on a GPU the capture is only queued here: cut the next batch while it runs, then wait for its copy
+        batch = columns.collate(buckets[k + 1], pad_id) if k + 1 < len(buckets) else None
+        out.add(np.asarray(idx), to_host(signals, check=False))
     return out
