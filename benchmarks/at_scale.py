@@ -25,7 +25,8 @@ scaling are projections from them.
 
 Writes ``benchmarks/results/at_scale.json`` (read by ``distillpipe plan``).
 
-Usage: python benchmarks/at_scale.py [--rows 512] [--sets waldorf,...] [--disk-gb 2] [--cores 16]
+Usage: python benchmarks/at_scale.py [--sets logits,cmow,waldorf,minialbert] [--rows N] [--shard-rows N]
+       [--disk-gb 2] [--cores 16] [--device cuda --teacher real]
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class SignalSet:
     signals: dict
     masked: int = 0
     """MLM positions per row (15% of the tokens)."""
+    rows: int = 1024
+    shard_rows: int = 1024
+    """The stage's default for small rows; for rows of MBs, smaller here (a shard is held twice while written, and
+    the CPU capture of the stand-in's 8 attention layers is slow): per-shard costs then weigh more, not less."""
 
     def spec(self) -> SignalSpec:
         cfg = SHAPES[self.shape]
@@ -95,13 +100,13 @@ class SignalSet:
 EIGHT = [3, 6, 9, 12, 15, 18, 21, 24]
 SETS = {s.name: s for s in (
     SignalSet("logits", "task logits (SQuAD v2 start/end)", "bert-large", "qa", 384, {"logits": True}),
-    SignalSet("cmow", "CMOW: MLM top-64", "bert-base", "mlm", 128, {"mlm_topk": 64}, masked=20),
+    SignalSet("cmow", "CMOW: MLM top-64", "bert-base", "mlm", 128, {"mlm_topk": 64}, masked=20, rows=4096),
     SignalSet("waldorf", "WaLDORf: logits + embeddings + hidden and scores of 8 layers, pooled 4x", "bert-large",
               "qa", 384, {"logits": True, "embeddings": True, "hidden_layers": EIGHT, "attn_layers": EIGHT,
-                          "pool": 4}),
+                          "pool": 4}, rows=256, shard_rows=128),
     SignalSet("minialbert", "MiniALBERT: MLM top-64 + hidden and attention probabilities of 3 layers", "bert-base",
               "mlm", 128, {"mlm_topk": 64, "hidden_layers": [4, 8, 12], "attn_layers": [4, 8, 12],
-                           "attn_probs": True}, masked=20),
+                           "attn_probs": True}, masked=20, rows=1024, shard_rows=256),
 )}
 
 # -- steps: CPU time per step, all threads of the process, while steps run one at a time ----------------------
@@ -364,8 +369,8 @@ def project(sset: SignalSet, m: dict, disk_write: float, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=512, help="rows per signal set (BERT-base sets: 4x)")
-    ap.add_argument("--shard-rows", type=int, default=128)
+    ap.add_argument("--rows", type=int, default=None, help="rows per signal set (default: the set's own)")
+    ap.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: the set's own)")
     ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--cores", type=int, default=16, help="cores of the projected GPU box")
@@ -394,16 +399,17 @@ def main() -> None:
               f"(pages dropped), {args.disk_gb:g} GB")
         for name in args.sets.split(","):
             sset = SETS[name]
-            n = args.rows * (4 if sset.shape == "bert-base" else 1)
+            n, shard_rows = args.rows or sset.rows, args.shard_rows or sset.shard_rows
             rows = make_rows(n, sset.seq_len, sset.masked)
-            m = measure_steps(sset, rows, args.shard_rows, tmp)
-            m["writer_speedup_2"] = writer_scaling(sset, rows, args.shard_rows, tmp)
-            m["build_rows_per_s"] = measure_build(sset, rows, args.shard_rows, tmp, args.writers)
+            m = measure_steps(sset, rows, shard_rows, tmp)
+            m["writer_speedup_2"] = writer_scaling(sset, rows, shard_rows, tmp)
+            m["build_rows_per_s"] = measure_build(sset, rows, shard_rows, tmp, args.writers)
             if args.teacher == "real":
-                m["bare_rows_per_s"] = bare_rate(sset, rows, args.shard_rows)
+                m["bare_rows_per_s"] = bare_rate(sset, rows, shard_rows)
             m["loader_rows_per_s"], m["loader_bytes_per_s"] = loader_rate(Path(m.pop("store")))
             m["projection"] = project(sset, m, disk_write, args)
             results[name] = m
+            m["rows"], m["shard_rows"] = n, shard_rows
             _print_set(sset, n, m)
             for p in tmp.glob("*.zarr*"):
                 _rm(p)
@@ -419,7 +425,8 @@ def _rm(p: Path) -> None:
 
 def _print_set(sset: SignalSet, n: int, m: dict) -> None:
     cpu = m["cpu_s_per_1k"]
-    print(f"\n== {sset.name}: {sset.paper}; {sset.shape} shape, L {sset.seq_len}, {n} rows")
+    print(f"\n== {sset.name}: {sset.paper}; {sset.shape} shape, L {sset.seq_len}, {n} rows, shards of "
+          f"{m['shard_rows']}")
     ratio = m["captured_bytes_per_row"] / m["stored_bytes_per_row"]
     print(f"   bytes/row: captured {m['captured_bytes_per_row'] / 1024:,.1f} KiB, on disk "
           f"{m['stored_bytes_per_row'] / 1024:,.1f} KiB ({ratio:.2f}x: padding; dense float16 values barely compress)")

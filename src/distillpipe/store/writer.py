@@ -29,6 +29,7 @@ was killed and resumed produces the same files as one that never stopped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -240,13 +241,21 @@ def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, 
     """The bytes Zarr stores for one shard of one array (None: every inner chunk is the fill value, so
     Zarr writes no file), encoded by :class:`~distillpipe.store.codec.ShardCodec` (Zarr's bytes, without
     Zarr's per-shard cost), after checking that the store's metadata are this code's layout."""
-    expected = zarr.create_array(MemoryStore({}), name=spec.name, shape=spec.shape, chunks=spec.chunks,
-                                 shards=spec.shards, dtype=spec.dtype, compressors=compressors(),
-                                 fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
-                                 dimension_names=spec.dimension_names)  # metadata only: nothing is written
-    if expected.metadata.to_dict() != metadata.to_dict():  # never encode with codecs the store was not made with
+    expected, codec = _layout_codec(spec)
+    if expected != metadata.to_dict():  # never encode with codecs the store was not made with
         raise RuntimeError(f"{spec.name}: the store's array metadata differ from this code's layout")
-    return ShardCodec(metadata).encode(rows, start, spec.shape[0], codec_pool())
+    return codec.encode(rows, start, spec.shape[0], codec_pool())
+
+
+@functools.lru_cache(maxsize=512)
+def _layout_codec(spec: ArraySpec) -> tuple[dict, ShardCodec]:
+    """The Zarr metadata this code gives ``spec`` and its codec, once per process (Zarr builds them in ms: per array
+    per shard, that was the writer's largest cost for small rows)."""
+    array = zarr.create_array(MemoryStore({}), name=spec.name, shape=spec.shape, chunks=spec.chunks,
+                              shards=spec.shards, dtype=spec.dtype, compressors=compressors(),
+                              fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
+                              dimension_names=spec.dimension_names)  # metadata only: nothing is written
+    return array.metadata.to_dict(), ShardCodec(array.metadata)
 
 
 def _publish(path: Path, data: bytes | None) -> dict[str, Any] | None:
