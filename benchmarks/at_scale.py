@@ -19,7 +19,8 @@ Then it PROJECTS, for a box of ``--cores`` cores with one H100 (a BERT-Large L 3
 FLOPs), the rows/s each resource allows: GPU (forward + capture), device-to-host copy (at
 ``--pcie-gb-s``), the driver's main thread (which cuts the next batch while the GPU runs the current one,
 then takes its copy), the shard writers (their CPU time spread over the cores left, limited by the serial part
-measured in 2: Amdahl), and the disk. The smallest is the bound.
+from the 2-writer speed-up measured in 2: Amdahl; as many writer threads as cores, ``threads_per_worker``),
+and the disk. The smallest is the bound.
 Measured vs projected: steps 1-4 are measured here; the GPU rate, the PCIe rate and the 16-core
 scaling are projections from them.
 
@@ -343,25 +344,25 @@ def project(sset: SignalSet, m: dict, disk_write: float, args) -> dict:
     cpu = m["cpu_s_per_1k"]
     main_s = sum(cpu[k] for k in MAIN_THREAD) / 1000
     writer_s = sum(cpu[k] for k in WRITER) / 1000
-    # Amdahl: the writer's CPU over its wall time here (its chunks are encoded on a thread per core) gives the part
-    # that runs in parallel, s = serial; projected to the cores left on the GPU box
-    here = len(os.sched_getaffinity(0))
-    serial = 1.0 if here == 1 else min(1.0, max(0.0, (here / m["writer_parallelism"] - 1) / (here - 1)))
+    # One writer's rate is its wall time here (its chunks already spread over this machine's cores); writers are
+    # threads (threads_per_worker - 1), so Amdahl across writers from the measured 2-writer speed-up, projected
+    # to the cores left on the GPU box. Conservative: 2 writers on 2 cores also compete with each one's chunk threads.
     spare = max(1, args.cores - 2)  # one core drives the GPU, one is the OS's and DVC's
-    writers_speedup = 1 / (serial + (1 - serial) / spare)
-    parallel = 1 - serial
+    parallel = min(1.0, max(0.0, 2 * (1 - 1 / m["writer_speedup_2"])))
+    writers_speedup = 1 / ((1 - parallel) + parallel / spare)
+    writer_wall_s = writer_s / m["writer_parallelism"]
     rates = {
         "gpu": gpu,
         "pcie": args.pcie_gb_s * 1e9 / m["captured_bytes_per_row"],
         # the driver's host work (cutting the next batch, taking the copy) overlaps the GPU's work on the current one
         # (distillpipe.teacher.shard.compute_shard): the slower of the two sets the pace
         "main thread": 1 / max(1 / gpu, main_s),
-        "writers": writers_speedup / writer_s if writer_s else float("inf"),
+        "writers": writers_speedup / writer_wall_s if writer_s else float("inf"),
         "disk": disk_write / m["stored_bytes_per_row"],
     }
     bound = min(rates, key=rates.get)
     return {"rates": rates, "bound": bound, "rows_per_s": rates[bound], "of_gpu": rates[bound] / gpu,
-            "writer_parallel_fraction": parallel}
+            "writer_parallel_fraction": parallel, "writers": round(writers_speedup, 2)}
 
 
 # -- main --------------------------------------------------------------------------------------------------------

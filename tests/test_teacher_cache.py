@@ -124,6 +124,7 @@ def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
     from datasets import load_from_disk
 
     from distillpipe.runtime import torch_threads
+    from distillpipe.scale.machine import load_machine
     from distillpipe.store.reader import open_store as _open
     from distillpipe.store.resume import create_or_resume
     from distillpipe.teacher.cache import run_shards
@@ -147,6 +148,13 @@ def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
         assert _tree(store) == _tree(tmp_path / "ref.zarr")
         for f in _tree(store):
             assert filecmp.cmp(store / f, tmp_path / "ref.zarr" / f, shallow=False), (writers, f)
+    # the stage itself with 3 writers (machine setting threads_per_worker 4: one computes, three write)
+    (tmp_path / "machine.yaml").write_text("")
+    cluster = load_machine({"DISTILLPIPE_MACHINE": str(tmp_path / "machine.yaml"), "DISTILLPIPE_THREADS": "4"}).cluster
+    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(embeddings=True), "cpu", 8, SHARD, tmp_path / "t4.zarr",
+                        cpu_threads=1, cluster=cluster)
+    for f in _tree(tmp_path / "ref.zarr"):
+        assert filecmp.cmp(tmp_path / "t4.zarr" / f, tmp_path / "ref.zarr" / f, shallow=False), f
 
 
 # -- the stage as a process: kill, resume, rebuild -------------------------------------------------

@@ -60,8 +60,10 @@ class ClusterSettings:
     """``local``: worker processes; ``local_cuda``: null = one per visible GPU."""
     threads_per_worker: int
     """Tasks a worker runs at once: one computes (a worker's teacher serves one shard at a time), the others
-    encode and write finished shards meanwhile, so 2 is the useful value. The torch threads of one
-    computation are the stage's ``cpu_threads`` param (they decide the bytes)."""
+    encode and write finished shards meanwhile. ``inprocess`` too: ``threads_per_worker - 1`` shard writers.
+    2 suits small rows; rows of MBs (WaLDORf's, MiniALBERT's) on a many-core GPU box need more writers, each
+    holding one shard twice (README "At scale"). The torch threads of one computation are the stage's
+    ``cpu_threads`` param (they decide the bytes)."""
     memory_limit: str | None
     """Per worker (``local``/``local_cuda``): ``16GiB``, ``auto`` (RAM split between workers) or null."""
     address: str | None

@@ -346,7 +346,9 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             progress = _Progress(bar, manifest)
             t_compute = time.time()
             if inprocess:
-                _run_inprocess(job, pending, writer, progress)
+                # as on a dask worker: of threads_per_worker, one computes and the others write shards
+                _run_inprocess(job, pending, writer, progress,
+                               writers=max(1, cluster.threads_per_worker - 1) if cluster is not None else 1)
             else:
                 _run_on_cluster(client, job, name, pending, writer, progress, cluster.retries)
             bar.close()
@@ -370,9 +372,9 @@ class _Progress:
         self.bar.set_postfix(MB=f"{self.bytes / 2**20:.0f}")
 
 
-def _run_inprocess(job: ShardJob, pending: list[int], writer: StoreWriter, progress: _Progress) -> None:
+def _run_inprocess(job: ShardJob, pending: list[int], writer: StoreWriter, progress: _Progress, writers: int) -> None:
     run_shards(lambda i: compute_job_shard(job, i), job.store, pending,
-               lambda i, marker: _record(writer, progress, i, marker), writers=1)
+               lambda i, marker: _record(writer, progress, i, marker), writers=writers)
 
 
 def run_shards(compute: Callable[[int], dict[str, Any]], store: str, pending: list[int],
