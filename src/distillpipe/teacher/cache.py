@@ -32,7 +32,7 @@ import torch
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
-from distillpipe.data.schema import read_meta
+from distillpipe.data.schema import longest_list, read_meta
 from distillpipe.errors import UserError
 from distillpipe.identity import stage_code
 from distillpipe.progress import Progress
@@ -227,7 +227,7 @@ def signal_spec(cfg: TeacherCacheDatasetConfig, facts: TeacherFacts, tokens_meta
         if "masked_positions" not in rows.column_names:
             raise TeacherCacheError(f"signals.mlm_topk needs MLM tokens (with masked_positions); "
                                     f"{tokens_meta['name']} is {tokens_meta['kind']}")
-        max_masked = max((len(p) for p in rows["masked_positions"]), default=0)
+        max_masked = longest_list(rows, "masked_positions")  # in Arrow batches: memory flat in rows
     return SignalSpec(
         max_seq_len=int(tokens_meta["max_seq_len"]), pool=s.pool, task=task,
         n_classes=facts.num_labels if task == "classification" else 0,
