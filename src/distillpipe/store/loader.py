@@ -35,8 +35,9 @@ finished without reading them, re-reads and re-permutes the current one and skip
 so a resumed run continues with exactly the batch an uninterrupted run would have produced next
 (resuming needs the same seed, sizes and streams; this is checked).
 
-Memory per process: one window (``buffer_blocks * block_rows`` rows of the requested arrays) per stream
-it reads, plus one batch.
+Memory per process: about one window (``buffer_blocks * block_rows`` rows of the requested arrays) per
+stream it reads, plus a batch and, while a window is read, one array's blocks twice (joined, then permuted).
+Batches and the rows left over at a window's end are copies, so no view keeps a consumed window alive.
 """
 
 from __future__ import annotations
@@ -200,17 +201,30 @@ class BlockDataset(torch.utils.data.IterableDataset):
             if skip_rows >= n_rows:
                 skip_rows -= n_rows
                 continue
-            parts = [store.read(names, a, b) for a, b in blocks]
-            data = {n: np.concatenate([p[n] for p in parts]) for n in names}
             order = np.random.default_rng([self.seed, self.epoch, w]).permutation(n_rows)[skip_rows:]
             skip_rows = 0
-            pending.append({n: v[order] for n, v in data.items()})
+            pending.append(_window(store, names, blocks, order))
             n_pending += len(order)
             while n_pending >= size:
                 batch, pending, n_pending = _take(pending, size)
                 yield batch
+            # the few rows left for the next batch, copied: as views they would keep their window alive while the
+            # next one is read
+            pending = [{k: v.copy() for k, v in p.items()} for p in pending]
         if n_pending:  # the short last sub-batch (used only when there is one stream)
             yield _take(pending, n_pending)[0]
+
+
+def _window(store: TeacherStore, names: tuple[str, ...], blocks: list[tuple[int, int]], order: np.ndarray) -> Rows:
+    """The rows ``order`` of a window's blocks, one array at a time: each array's blocks are read, joined and
+    permuted, and only the permuted rows are kept (the whole window's blocks, joined and permuted at once, were
+    three copies of it)."""
+    out = {}
+    for name in names:
+        joined = np.concatenate([store.read((name,), a, b)[name] for a, b in blocks])
+        out[name] = joined[order]
+        del joined
+    return out
 
 
 def _take(pending: list[Rows], n: int) -> tuple[Rows, list[Rows], int]:
@@ -227,7 +241,9 @@ def _take(pending: list[Rows], n: int) -> tuple[Rows, list[Rows], int]:
             need = 0
         else:
             left.append(piece)
-    batch = taken[0] if len(taken) == 1 else {k: np.concatenate([p[k] for p in taken]) for k in taken[0]}
+    # a copy, never a view: a view would keep its whole window alive while the consumer holds the batch, which it
+    # does while the next window is read
+    batch = {k: np.concatenate([p[k] for p in taken]) for k in taken[0]}
     return batch, left, sum(len(p["row_index"]) for p in left)
 
 
