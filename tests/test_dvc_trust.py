@@ -1,8 +1,9 @@
 """In a real DVC repository: what DVC and the teacher store call fresh is what the code and data would
 produce. A code edit that changes the cached values rebuilds the store (and reverting it gives the
 original bytes back), wherever in the stage's code it is (the pooling, the driver's row selection, the
-teacher loader), and the rebuilt store equals a clean build with the edited code; a one-byte change in a user's local input file re-runs exactly that dataset's chain;
-two teacher-cache processes on one store: the second is refused."""
+teacher loader), and the rebuilt store equals a clean build with the edited code; a one-byte change in a
+user's local input file re-runs exactly that dataset's chain; two teacher-cache processes on one store: the
+second is refused."""
 
 import shutil
 import subprocess

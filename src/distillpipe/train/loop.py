@@ -22,9 +22,9 @@ Resume: atomic checkpoints (model, objective projections, optimizer, every rank'
 loader's position, the evaluation history, the best weights and whether early stopping fired) every
 ``checkpoint_every`` steps and at each evaluation. A checkpoint carries the run's identity
 (:func:`~distillpipe.train.build.run_identity`): the params, the content digests of the tokens, the teacher
-cache(s) and the init student's weights, the code (the training stages' whole import closure), the device type and the number of
-processes. A restarted run with the same identity continues exactly where the checkpoint was taken (same
-batches, same dropout masks), so N steps straight give the same weights as N/2, kill, resume, N/2;
+cache(s) and the init student's weights, the code (the training stages' whole import closure), the device type
+and the number of processes. A restarted run with the same identity continues exactly where the checkpoint was
+taken (same batches, same dropout masks), so N steps straight give the same weights as N/2, kill, resume, N/2;
 before it does, it verifies the teacher cache's checksums. Any other identity starts over, naming what
 changed.
 
