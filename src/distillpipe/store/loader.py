@@ -208,6 +208,9 @@ class BlockDataset(torch.utils.data.IterableDataset):
             while n_pending >= size:
                 batch, pending, n_pending = _take(pending, size)
                 yield batch
+            # the few rows left (fewer than a batch) are copied out, so the window is freed before the next is read
+            pending = [({k: v[idx] for k, v in rows.items()}, np.arange(len(idx))) for rows, idx in pending]
+            del data
         if n_pending:  # the short last sub-batch (used only when there is one stream)
             yield _take(pending, n_pending)[0]
 

@@ -35,7 +35,7 @@ import torch
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_cache import SignalsConfig, TeacherCacheDatasetConfig
-from distillpipe.data.schema import read_meta
+from distillpipe.data.schema import longest_list, read_meta
 from distillpipe.errors import UserError
 from distillpipe.identity import stage_code
 from distillpipe.progress import Progress
@@ -267,8 +267,7 @@ def max_masked_positions(rows, tokens_meta: dict) -> int:
     if "masked_positions" not in rows.column_names:
         raise TeacherCacheError(f"signals.mlm_topk needs MLM tokens (with masked_positions); "
                                 f"{tokens_meta['name']} is {tokens_meta['kind']}")
-    counts = masked_counts(rows)
-    return int(counts.max()) if counts.size else 0
+    return longest_list(rows, "masked_positions")  # in Arrow batches: memory flat in rows
 
 
 def masked_counts(rows) -> np.ndarray:
