@@ -223,6 +223,19 @@ def row_subset(n: int, max_rows: int | None) -> np.ndarray | None:
     return np.round(np.arange(max_rows) * ((n - 1) / (max_rows - 1))).astype(np.int64)
 
 
+def split_rows(name: str, tokens_dir: Path, cfg: TeacherCacheDatasetConfig) -> tuple[Any, np.ndarray | None]:
+    """The tokens split item ``name`` caches (``cfg.split`` of ``tokens_dir``) and the rows of it that are kept
+    (:func:`row_subset`; None: all): for the build and for ``distillpipe plan`` alike."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(tokens_dir))
+    if cfg.split not in data:
+        raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: "
+                                f"{tokens_dir} has splits {list(data)}")
+    rows = data[cfg.split]
+    return rows, row_subset(len(rows), cfg.max_rows)
+
+
 def cache_shard(job: ShardJob, i: int) -> dict[str, Any]:
     """Compute shard ``i`` and write its files and marker (one dask task); returns the marker."""
     return write_shard(job.store, i, compute_job_shard(job, i))
@@ -298,17 +311,10 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
     """Create or resume ``out`` and compute every shard not yet complete: in this process (``cluster`` None or
     ``inprocess``) or as one dask task per shard on the cluster (a machine setting, never a param: it changes
     no byte)."""
-    from datasets import load_from_disk
-
     t0 = time.time()
     tokens_dir, teacher_dir, out = Path(tokens_dir), Path(teacher_dir), Path(out)
     meta = read_meta(tokens_dir)
-    data = load_from_disk(str(tokens_dir))
-    if cfg.split not in data:
-        raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: "
-                                f"{tokens_dir} has splits {list(data)}")
-    rows = data[cfg.split]
-    subset = row_subset(len(rows), cfg.max_rows)
+    rows, subset = split_rows(name, tokens_dir, cfg)
     if subset is not None:
         log.info("caching %d evenly spaced rows of %d (max_rows)", len(subset), len(rows))
         rows = rows.select(subset)

@@ -15,7 +15,7 @@ from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.tokenize import TokenizeConfig, TokenizeMLMConfig, TokenizeQAConfig
 from distillpipe.data.masking import n_to_mask
 from distillpipe.data.schema import read_meta
-from distillpipe.teacher.cache import TeacherCacheError, masked_counts, row_subset
+from distillpipe.teacher.cache import masked_counts, split_rows
 
 CHARS_PER_TOKEN = 4.7
 """Characters per WordPiece token of English prose (measured on the embedded Wikipedia sample with MiniLM's uncased
@@ -50,12 +50,7 @@ def count_rows(name: str, cfg: TeacherCacheDatasetConfig, tokenize: TokenizeConf
     tok_cfg = tokenize.datasets.get(name)
     if tokens.is_dir():
         meta = read_meta(tokens)
-        data = load_from_disk(str(tokens))
-        if cfg.split not in data:
-            raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: {tokens} has splits "
-                                    f"{list(data)}")
-        rows = data[cfg.split]
-        subset = row_subset(len(rows), cfg.max_rows)
+        rows, subset = split_rows(name, tokens, cfg)
         note = f"{tokens}/{cfg.split}: {len(rows):,} rows"
         if subset is not None:
             rows = rows.select(subset)
