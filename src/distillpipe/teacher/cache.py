@@ -166,7 +166,6 @@ def _loaded(job: ShardJob) -> _Loaded:
     """This process's teacher and tokens for ``job``, loaded on first use and kept (one teacher per
     process: another job's replaces it)."""
     global _LOADED
-    from datasets import load_from_disk
 
     key = (job.teacher_dir, job.head, job.device, job.tokens_dir, job.split, job.max_rows, job.batch_size,
            job.cpu_threads)
@@ -185,8 +184,7 @@ def _loaded(job: ShardJob) -> _Loaded:
                                  n_heads=int(mc.num_attention_heads),
                                  compute=compute_settings(model, job.batch_size, job.cpu_threads),
                                  device=str(next(model.parameters()).device))
-            rows = load_from_disk(job.tokens_dir)[job.split]
-            subset = row_subset(len(rows), job.max_rows)
+            rows, subset = split_rows(Path(job.store).stem, job.tokens_dir, job.split, job.max_rows)
             if subset is not None:
                 rows = rows.select(subset)
             _LOADED = _Loaded(key, model, rows, facts, threading.Lock(), subset)
@@ -223,17 +221,16 @@ def row_subset(n: int, max_rows: int | None) -> np.ndarray | None:
     return np.round(np.arange(max_rows) * ((n - 1) / (max_rows - 1))).astype(np.int64)
 
 
-def split_rows(name: str, tokens_dir: Path, cfg: TeacherCacheDatasetConfig) -> tuple[Any, np.ndarray | None]:
-    """The tokens split item ``name`` caches (``cfg.split`` of ``tokens_dir``) and the rows of it that are kept
-    (:func:`row_subset`; None: all): for the build and for ``distillpipe plan`` alike."""
+def split_rows(name: str, tokens_dir: str | Path, split: str, max_rows: int | None) -> tuple[Any, np.ndarray | None]:
+    """The tokens split item ``name`` caches (``split`` of ``tokens_dir``) and the rows of it that are kept
+    (:func:`row_subset`; None: all): for the driver, its workers and ``distillpipe plan`` alike."""
     from datasets import load_from_disk
 
     data = load_from_disk(str(tokens_dir))
-    if cfg.split not in data:
-        raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={cfg.split!r}: "
-                                f"{tokens_dir} has splits {list(data)}")
-    rows = data[cfg.split]
-    return rows, row_subset(len(rows), cfg.max_rows)
+    if split not in data:
+        raise TeacherCacheError(f"teacher_cache.datasets.{name}.split={split!r}: {tokens_dir} has splits {list(data)}")
+    rows = data[split]
+    return rows, row_subset(len(rows), max_rows)
 
 
 def cache_shard(job: ShardJob, i: int) -> dict[str, Any]:
@@ -314,7 +311,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
     t0 = time.time()
     tokens_dir, teacher_dir, out = Path(tokens_dir), Path(teacher_dir), Path(out)
     meta = read_meta(tokens_dir)
-    rows, subset = split_rows(name, tokens_dir, cfg)
+    rows, subset = split_rows(name, tokens_dir, cfg.split, cfg.max_rows)
     if subset is not None:
         log.info("caching %d evenly spaced rows of %d (max_rows)", len(subset), len(rows))
         rows = rows.select(subset)

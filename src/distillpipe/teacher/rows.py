@@ -50,7 +50,7 @@ def count_rows(name: str, cfg: TeacherCacheDatasetConfig, tokenize: TokenizeConf
     tok_cfg = tokenize.datasets.get(name)
     if tokens.is_dir():
         meta = read_meta(tokens)
-        rows, subset = split_rows(name, tokens, cfg)
+        rows, subset = split_rows(name, tokens, cfg.split, cfg.max_rows)
         note = f"{tokens}/{cfg.split}: {len(rows):,} rows"
         if subset is not None:
             rows = rows.select(subset)
