@@ -223,3 +223,37 @@ def test_write_shard_refuses_nan_and_inf_but_keeps_masked_scores(tmp_path):
     write_shard(path, 1, arrays)
     assert np.array_equal(open_store(path, allow_incomplete=True).read(["attn_scores/L2"], 128, 256)["attn_scores/L2"],
                           scores)
+
+
+def test_recorded_shards_reach_the_manifest_at_close_and_the_markers_at_once(tmp_path, monkeypatch):
+    """The manifest is rewritten every SAVE_EVERY_S, not per shard (per shard was quadratic in shards); in
+    between, the markers are the record: a reader and a resume see every written shard."""
+    import zarr
+
+    from distillpipe.store import writer as writer_mod
+    from distillpipe.store.manifest import MANIFEST_KEY
+
+    monkeypatch.setattr(writer_mod, "SAVE_EVERY_S", 1e9)
+    manifest, path = tiny_manifest(), tmp_path / "s.zarr"
+
+    def on_disk() -> list[int]:
+        return zarr.open_group(str(path), mode="r").attrs.asdict()[MANIFEST_KEY]["completed_shards"]
+
+    w = create_or_resume(path, manifest)
+    for i in (2, 0):
+        w.write_shard(i, shard_arrays(manifest, i))
+    assert w.manifest.completed_shards == (0, 2) and w.pending_shards() == [1, 3]
+    assert on_disk() == []  # not yet saved ...
+    assert open_store(path, allow_incomplete=True).manifest.completed_shards == (0, 2)  # ... yet seen
+    with pytest.raises(IndexError, match="out of range"):
+        w.record([4])
+    w.close()
+    assert on_disk() == [0, 2]
+    w = create_or_resume(path, manifest)  # resume: the two shards are kept
+    assert w.pending_shards() == [1, 3]
+    monkeypatch.setattr(writer_mod, "SAVE_EVERY_S", 0.0)
+    w.write_shard(1, shard_arrays(manifest, 1))
+    assert on_disk() == [0, 1, 2]  # due: saved at once
+    w.write_shard(3, shard_arrays(manifest, 3))
+    w.finalize()
+    assert on_disk() == [0, 1, 2, 3] and open_store(path, manifest).manifest.complete
