@@ -241,24 +241,34 @@ def measure_steps(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> dict:
             "stored_bytes_per_row": summary.bytes_on_disk / n, "store": str(store)}
 
 
-def writer_scaling(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> float:
-    """Speed-up of writing 4 shards with 2 writer threads against 1 (each writer already spreads a shard's chunks
-    over the cores: distillpipe.store.codec)."""
+def writer_scaling(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> tuple[float, float]:
+    """Writers as threads, each on one core: 4 shards written by 1 and by 2 writer threads whose chunks are encoded
+    in their own thread (no codec pool), best of 2. Returns (one writer's wall seconds per row, 2 writers' speed-up).
+
+    Taking the codec pool out is what makes this a measure of how writer threads scale (the GIL-held part of a
+    write is what stops them): with the pool, one writer already spreads its chunks over this machine's 2 cores and
+    2 writers can only compete for them, which says nothing about 14 writers on 16 cores."""
     spec = sset.spec()
     model = make_teacher(sset, ARGS.teacher, ARGS.device)
     n = min(len(rows), 4 * shard_rows)
     shards = [shard_mod.compute_shard(model, rows, s, min(s + shard_rows, n), spec, BATCH, 0)
               for s in range(0, n, shard_rows)]
     times = {}
-    for threads in (1, 2, 1, 2):
-        store = tmp / f"{sset.name}-scaling-{threads}.zarr"
-        with new_store(store, spec, n, shard_rows, sset.name) as w:
-            t = time.perf_counter()
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda i: writer_mod.write_shard(store, i, shards[i]), range(len(shards))))
-            times.setdefault(threads, []).append(time.perf_counter() - t)
-            w.close()
-    return min(times[1]) / min(times[2])
+    real_pool = writer_mod.codec_pool
+    writer_mod.codec_pool = lambda: None  # each writer encodes its chunks in its own thread
+    try:
+        for threads in (1, 2, 1, 2):
+            store = tmp / f"{sset.name}-scaling-{threads}.zarr"
+            with new_store(store, spec, n, shard_rows, sset.name) as w:
+                t = time.perf_counter()
+                with ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(lambda i: writer_mod.write_shard(store, i, shards[i]), range(len(shards))))
+                times.setdefault(threads, []).append(time.perf_counter() - t)
+                w.close()
+            _rm(store)
+    finally:
+        writer_mod.codec_pool = real_pool
+    return min(times[1]) / n, min(times[1]) / min(times[2])
 
 
 def measure_build(sset: SignalSet, rows, shard_rows: int, tmp: Path, writers: int | None) -> float:
@@ -313,17 +323,18 @@ def disk_bandwidth(tmp: Path, gb: float) -> tuple[float, float]:
     return write, read
 
 
-def loader_rate(store: Path) -> tuple[float, float]:
-    """Block loader rows/s and stored bytes/s reading every signal of a store whose pages were dropped."""
+def loader_rate(store: Path) -> tuple[float, float, float, float]:
+    """Block loader reading every signal of a store whose pages were dropped: rows/s, stored bytes/s, CPU seconds
+    (all threads) per row and cores used (CPU / wall)."""
     st = open_store(store)
     names = [a for a in st.arrays if a not in ("row_index", "length")]
     _drop_pages(store)
     loader = BlockLoader(store, names, block_rows=64, buffer_blocks=4, seed=0, expected=None, streams=1,
                          batch_size=32)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     n = sum(len(ri) for ri, _ in loader)
-    dt = time.perf_counter() - t
-    return n / dt, st.info()["bytes_on_disk"] / dt
+    dt, cpu = time.perf_counter() - t, time.process_time() - c
+    return n / dt, st.info()["bytes_on_disk"] / dt, cpu / n, cpu / dt
 
 
 # -- projection --------------------------------------------------------------------------------------------------
@@ -335,7 +346,7 @@ def capture_flops(sset: SignalSet) -> float:
     return 2.0 * L * L * d * len(set(spec.attn_layers) | set(spec.attn_probs_layers))
 
 
-def project(sset: SignalSet, m: dict, disk_write: float, args) -> dict:
+def project(sset: SignalSet, m: dict, disk_write: float, disk_read: float, args) -> dict:
     """Rows/s each resource of a ``--cores`` box with one GPU allows, and the bound."""
     cfg = SHAPES[sset.shape]
     ref = forward_flops(SHAPES["bert-large"], 384, "qa")
@@ -344,13 +355,13 @@ def project(sset: SignalSet, m: dict, disk_write: float, args) -> dict:
     cpu = m["cpu_s_per_1k"]
     main_s = sum(cpu[k] for k in MAIN_THREAD) / 1000
     writer_s = sum(cpu[k] for k in WRITER) / 1000
-    # One writer's rate is its wall time here (its chunks already spread over this machine's cores); writers are
-    # threads (threads_per_worker - 1), so Amdahl across writers from the measured 2-writer speed-up, projected
-    # to the cores left on the GPU box. Conservative: 2 writers on 2 cores also compete with each one's chunk threads.
+    # Writers are threads (threads_per_worker - 1), each encoding on one core when there are as many writers as
+    # cores: one such writer's wall time per row (measured), times Amdahl's speed-up across writers from the measured
+    # 2-writer speed-up (writer_scaling), projected to the cores left on the GPU box.
     spare = max(1, args.cores - 2)  # one core drives the GPU, one is the OS's and DVC's
     parallel = min(1.0, max(0.0, 2 * (1 - 1 / m["writer_speedup_2"])))
     writers_speedup = 1 / ((1 - parallel) + parallel / spare)
-    writer_wall_s = writer_s / m["writer_parallelism"]
+    writer_wall_s = m["writer_s_per_row_1core"]
     rates = {
         "gpu": gpu,
         "pcie": args.pcie_gb_s * 1e9 / m["captured_bytes_per_row"],
@@ -361,8 +372,13 @@ def project(sset: SignalSet, m: dict, disk_write: float, args) -> dict:
         "disk": disk_write / m["stored_bytes_per_row"],
     }
     bound = min(rates, key=rates.get)
+    # A student's loader on the same box: its decoding spreads a block's chunks over the cores (the codec pool; how
+    # many of this machine's cores it used is printed); bounded by the disk's sequential read.
+    loader = {"cpu": spare / m["loader_cpu_s_per_row"], "disk": disk_read / m["stored_bytes_per_row"]}
     return {"rates": rates, "bound": bound, "rows_per_s": rates[bound], "of_gpu": rates[bound] / gpu,
-            "writer_parallel_fraction": parallel, "writers": round(writers_speedup, 2)}
+            "writer_parallel_fraction": parallel, "writers": round(writers_speedup, 2),
+            "loader_rates": loader, "loader_bound": min(loader, key=loader.get),
+            "loader_of_disk": min(loader.values()) / loader["disk"]}
 
 
 # -- main --------------------------------------------------------------------------------------------------------
@@ -403,12 +419,13 @@ def main() -> None:
             n, shard_rows = args.rows or sset.rows, args.shard_rows or sset.shard_rows
             rows = make_rows(n, sset.seq_len, sset.masked)
             m = measure_steps(sset, rows, shard_rows, tmp)
-            m["writer_speedup_2"] = writer_scaling(sset, rows, shard_rows, tmp)
+            m["writer_s_per_row_1core"], m["writer_speedup_2"] = writer_scaling(sset, rows, shard_rows, tmp)
             m["build_rows_per_s"] = measure_build(sset, rows, shard_rows, tmp, args.writers)
             if args.teacher == "real":
                 m["bare_rows_per_s"] = bare_rate(sset, rows, shard_rows)
-            m["loader_rows_per_s"], m["loader_bytes_per_s"] = loader_rate(Path(m.pop("store")))
-            m["projection"] = project(sset, m, disk_write, args)
+            (m["loader_rows_per_s"], m["loader_bytes_per_s"], m["loader_cpu_s_per_row"],
+             m["loader_cores"]) = loader_rate(Path(m.pop("store")))
+            m["projection"] = project(sset, m, disk_write, disk_read, args)
             results[name] = m
             m["rows"], m["shard_rows"] = n, shard_rows
             _print_set(sset, n, m)
@@ -437,10 +454,12 @@ def _print_set(sset: SignalSet, n: int, m: dict) -> None:
         print(f"   {label:44s} {cpu[k]:16.3f} {rate:15,.0f}")
     host = sum(cpu[k] for k in MAIN_THREAD + WRITER)
     print(f"   {'host total (all but capture)':44s} {host:16.3f}")
-    print(f"   one writer uses {m['writer_parallelism']:.2f} cores; 2 writers vs 1: {m['writer_speedup_2']:.2f}x; "
+    print(f"   one writer uses {m['writer_parallelism']:.2f} cores; writers on one core each: "
+          f"{1 / m['writer_s_per_row_1core']:,.0f} rows/s for one, 2 vs 1: {m['writer_speedup_2']:.2f}x; "
           f"in-process build {m['build_rows_per_s']:,.0f} "
           f"rows/s (capture on {ARGS.device.type} included); loader {m['loader_rows_per_s']:,.0f} rows/s = "
-          f"{m['loader_bytes_per_s'] / 1e9:.2f} GB/s from disk")
+          f"{m['loader_bytes_per_s'] / 1e9:.2f} GB/s from disk, using {m['loader_cores']:.2f} cores "
+          f"({m['loader_cpu_s_per_row'] * 1e3:.2f} CPU-ms/row)")
     if "bare_rows_per_s" in m:
         print(f"   real teacher: bare forward {m['bare_rows_per_s']:,.0f} rows/s -> build/bare "
               f"{m['build_rows_per_s'] / m['bare_rows_per_s']:.2f}")
@@ -455,6 +474,12 @@ def _print_projection(results: dict, args) -> None:
         p = m["projection"]
         print(f"   {name:12s}" + "".join(f"{p['rates'][c]:13,.0f}" for c in cols)
               + f"{p['bound']:>13s}{p['of_gpu']:8.2f}")
+    print(f"\n   a student's block loader on that box (cores - 2 decoding; disk read as measured here)")
+    print(f"   {'set':12s}{'CPU':>13s}{'disk':>13s}{'bound':>13s}{'of disk':>9s}")
+    for name, m in results.items():
+        p = m["projection"]
+        print(f"   {name:12s}" + "".join(f"{p['loader_rates'][c]:13,.0f}" for c in ("cpu", "disk"))
+              + f"{p['loader_bound']:>13s}{p['loader_of_disk']:9.2f}")
 
 
 def _write_json(results: dict, disk_write: float, disk_read: float, args) -> None:

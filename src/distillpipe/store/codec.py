@@ -148,13 +148,18 @@ class ShardCodec:
         _run(one, range(last - first), pool)
 
 
+def codec_threads() -> int:
+    """Threads of :func:`codec_pool`: this process's cores."""
+    return len(os.sched_getaffinity(0))
+
+
 def codec_pool() -> ThreadPoolExecutor:
     """This process's threads for encoding and decoding inner chunks (Blosc and crc32c release the GIL), one per
     core: a shard's chunks are (de)compressed in parallel, so one writer or one loader uses every core."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)), thread_name_prefix="store-codec")
+            _POOL = ThreadPoolExecutor(max_workers=codec_threads(), thread_name_prefix="store-codec")
         return _POOL
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from distillpipe.store.codec import ShardCodec, codec_pool
+from distillpipe.store.codec import ShardCodec, codec_pool, codec_threads
 from distillpipe.store.lock import StoreLocked, writer_active
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreDamaged, StoreIncomplete, check_manifest
 from distillpipe.store.schema import ArraySpec, array_layout
@@ -85,27 +85,42 @@ class TeacherStore:
             if not 0 <= start <= stop <= self.n_rows:
                 raise IndexError(f"rows [{start}, {stop}) out of range for {self.root} with {self.n_rows} rows")
         n = sum(b - a for a, b in blocks)
-        out = {}
+        out, pieces = {}, []
         for name in names:
             spec = self.layout[name] if name in self.layout else self._array(name)  # KeyError naming the arrays
             rows = np.empty((n, *spec.shape[1:]), dtype=spec.dtype)
+            self._codec(name)  # opened here, not by the pool's threads
             at = 0
             for start, stop in blocks:
-                self._read_into(name, start, stop, rows[at:at + stop - start])
+                pieces += self._pieces(name, start, stop, rows[at:at + stop - start])
                 at += stop - start
             out[name] = rows
+        pool = codec_pool()
+        if len(pieces) >= codec_threads():
+            # Enough shard files to keep every thread busy: each thread reads and decodes whole pieces, so the reads
+            # of several files are in flight at once (a disk gives its bandwidth only at a queue depth > 1) and
+            # overlap the decoding of others.
+            for _ in pool.map(lambda piece: self._decode(*piece, None), pieces):
+                pass
+        else:  # few pieces: one read at a time, each piece's chunks decoded in parallel
+            for piece in pieces:
+                self._decode(*piece, pool)
         return out
 
-    def _read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
-        codec, spec, per_shard = self._codec(name), self.layout[name], self.manifest.shard_rows
-        for i in range(start // per_shard, -(-stop // per_shard)):
-            a, b = max(start, i * per_shard), min(stop, (i + 1) * per_shard)
-            try:
-                codec.decode_rows(self.root / shard_key(spec, i), a - i * per_shard, b - i * per_shard,
-                                  out[a - start:b - start], codec_pool())
-            except Exception as e:  # crc32c mismatch, truncated shard index, undecodable chunk...
-                raise StoreDamaged.of_shards(str(self.root), {
-                    i: [f"{shard_key(spec, i)}: unreadable ({type(e).__name__}: {e})"]}) from e
+    def _pieces(self, name: str, start: int, stop: int, out: np.ndarray) -> list[tuple]:
+        """Rows [start, stop) of ``name`` as (name, shard, first, stop within the shard, out) per shard file."""
+        per_shard = self.manifest.shard_rows
+        return [(name, i, max(start, i * per_shard) - i * per_shard, min(stop, (i + 1) * per_shard) - i * per_shard,
+                 out[max(start, i * per_shard) - start:min(stop, (i + 1) * per_shard) - start])
+                for i in range(start // per_shard, -(-stop // per_shard))]
+
+    def _decode(self, name: str, i: int, a: int, b: int, out: np.ndarray, pool: Any) -> None:
+        spec = self.layout[name]
+        try:
+            self._codec(name).decode_rows(self.root / shard_key(spec, i), a, b, out, pool)
+        except Exception as e:  # crc32c mismatch, truncated shard index, undecodable chunk...
+            raise StoreDamaged.of_shards(str(self.root), {
+                i: [f"{shard_key(spec, i)}: unreadable ({type(e).__name__}: {e})"]}) from e
 
     def _codec(self, name: str) -> ShardCodec:
         """The array's shard codec (:mod:`distillpipe.store.codec`: Zarr's format, read without Zarr's per-read
