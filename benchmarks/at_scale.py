@@ -9,18 +9,20 @@ machine:
   1. CPU-seconds per 1,000 rows of each step, run one after the other in one process (so each step's
      CPU time, all threads included, is its own), and bytes per row captured and on disk;
   2. how many cores one shard writer keeps busy (its CPU time over its wall time: a shard's inner chunks are
-     encoded on a thread per core, outside the GIL), 2 writers against 1, and the whole in-process build,
-     writes overlapped with capture, as the stage runs it;
+     encoded on a thread per core, outside the GIL); writers with one core each, 2 against 1 (how writer
+     threads scale); and the whole in-process build, writes overlapped with capture, as the stage runs it;
   3. the disk's own sequential write (fsync'd) and read (pages dropped first) bandwidth;
-  4. the block loader's rows/s and bytes/s reading the built store from disk (pages dropped).
+  4. the block loader's rows/s, bytes/s and CPU per row reading the built store from disk (pages dropped), and
+     its window's shard files read in parallel against one at a time.
 
 Then it PROJECTS, for a box of ``--cores`` cores with one H100 (a BERT-Large L 384 forward at
 ``--gpu-seq-s`` sequences/s in bf16, scaled to other shapes by FLOPs, and the capture's extra Q K^T
 FLOPs), the rows/s each resource allows: GPU (forward + capture), device-to-host copy (at
 ``--pcie-gb-s``), the driver's main thread (which cuts the next batch while the GPU runs the current one,
-then takes its copy), the shard writers (their CPU time spread over the cores left, limited by the serial part
-from the 2-writer speed-up measured in 2: Amdahl; as many writer threads as cores, ``threads_per_worker``),
-and the disk. The smallest is the bound.
+then takes its copy), the shard writers (one writer's rate on one core, times Amdahl's speed-up over the cores
+left from the 2-writer speed-up measured in 2; as many writer threads as cores, ``threads_per_worker``), and
+the disk. The smallest is the bound. And for a student's loader on that box: its CPU per row over the cores left
+against the disk's read.
 Measured vs projected: steps 1-4 are measured here; the GPU rate, the PCIe rate and the 16-core
 scaling are projections from them.
 
@@ -52,6 +54,7 @@ import torch
 import distillpipe.store.writer as writer_mod
 import distillpipe.teacher.shard as shard_mod
 from distillpipe.runtime import resolve_device
+from distillpipe.store import reader as reader_mod
 from distillpipe.store.loader import BlockLoader
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.reader import open_store
@@ -323,18 +326,30 @@ def disk_bandwidth(tmp: Path, gb: float) -> tuple[float, float]:
     return write, read
 
 
-def loader_rate(store: Path) -> tuple[float, float, float, float]:
+def loader_rate(store: Path) -> tuple[float, float, float, float, float]:
     """Block loader reading every signal of a store whose pages were dropped: rows/s, stored bytes/s, CPU seconds
-    (all threads) per row and cores used (CPU / wall)."""
+    (all threads) per row, cores used (CPU / wall), and the speed-up of reading a window's shard files in parallel
+    (distillpipe.store.reader.read_blocks) over reading them one at a time, alternated, best of 2 each."""
     st = open_store(store)
     names = [a for a in st.arrays if a not in ("row_index", "length")]
-    _drop_pages(store)
-    loader = BlockLoader(store, names, block_rows=64, buffer_blocks=4, seed=0, expected=None, streams=1,
-                         batch_size=32)
-    t, c = time.perf_counter(), time.process_time()
-    n = sum(len(ri) for ri, _ in loader)
-    dt, cpu = time.perf_counter() - t, time.process_time() - c
-    return n / dt, st.info()["bytes_on_disk"] / dt, cpu / n, cpu / dt
+    best: dict[bool, tuple] = {}
+    for parallel in (False, True, False, True):
+        _drop_pages(store)
+        loader = BlockLoader(store, names, block_rows=64, buffer_blocks=4, seed=0, expected=None, streams=1,
+                             batch_size=32)
+        real = reader_mod.codec_threads
+        if not parallel:
+            reader_mod.codec_threads = lambda: 1 << 30  # one shard file at a time, its chunks decoded in parallel
+        try:
+            t, c = time.perf_counter(), time.process_time()
+            n = sum(len(ri) for ri, _ in loader)
+            dt, cpu = time.perf_counter() - t, time.process_time() - c
+        finally:
+            reader_mod.codec_threads = real
+        if parallel not in best or dt < best[parallel][1]:
+            best[parallel] = (n, dt, cpu)
+    n, dt, cpu = best[True]
+    return n / dt, st.info()["bytes_on_disk"] / dt, cpu / n, cpu / dt, best[False][1] / dt
 
 
 # -- projection --------------------------------------------------------------------------------------------------
@@ -424,7 +439,7 @@ def main() -> None:
             if args.teacher == "real":
                 m["bare_rows_per_s"] = bare_rate(sset, rows, shard_rows)
             (m["loader_rows_per_s"], m["loader_bytes_per_s"], m["loader_cpu_s_per_row"],
-             m["loader_cores"]) = loader_rate(Path(m.pop("store")))
+             m["loader_cores"], m["loader_parallel_files_speedup"]) = loader_rate(Path(m.pop("store")))
             m["projection"] = project(sset, m, disk_write, disk_read, args)
             results[name] = m
             m["rows"], m["shard_rows"] = n, shard_rows
@@ -459,7 +474,8 @@ def _print_set(sset: SignalSet, n: int, m: dict) -> None:
           f"in-process build {m['build_rows_per_s']:,.0f} "
           f"rows/s (capture on {ARGS.device.type} included); loader {m['loader_rows_per_s']:,.0f} rows/s = "
           f"{m['loader_bytes_per_s'] / 1e9:.2f} GB/s from disk, using {m['loader_cores']:.2f} cores "
-          f"({m['loader_cpu_s_per_row'] * 1e3:.2f} CPU-ms/row)")
+          f"({m['loader_cpu_s_per_row'] * 1e3:.2f} CPU-ms/row); shard files read in parallel vs one at a time: "
+          f"{m['loader_parallel_files_speedup']:.2f}x")
     if "bare_rows_per_s" in m:
         print(f"   real teacher: bare forward {m['bare_rows_per_s']:,.0f} rows/s -> build/bare "
               f"{m['build_rows_per_s'] / m['bare_rows_per_s']:.2f}")
@@ -474,7 +490,7 @@ def _print_projection(results: dict, args) -> None:
         p = m["projection"]
         print(f"   {name:12s}" + "".join(f"{p['rates'][c]:13,.0f}" for c in cols)
               + f"{p['bound']:>13s}{p['of_gpu']:8.2f}")
-    print(f"\n   a student's block loader on that box (cores - 2 decoding; disk read as measured here)")
+    print("\n   a student's block loader on that box (cores - 2 decoding; disk read as measured here)")
     print(f"   {'set':12s}{'CPU':>13s}{'disk':>13s}{'bound':>13s}{'of disk':>9s}")
     for name, m in results.items():
         p = m["projection"]
