@@ -36,7 +36,7 @@ from distillpipe.config.prepare import CarveConfig
 from distillpipe.data.overlap import TextIndex, build_index, text_columns
 from distillpipe.data.sources.base import Prepared, PrepareError
 
-__all__ = ["carve_splits", "carve_units", "row_groups"]
+__all__ = ["carve_splits"]
 
 SPLITS = ("train", "dev", "test")
 
@@ -80,13 +80,6 @@ def carve_units(index: TextIndex, keys: list[str] | None) -> tuple[np.ndarray, n
     has_text = np.zeros(n_units, dtype=bool)
     has_text[text_unit] = True
     return row_unit, text_unit, has_text & ~has_anchor
-
-
-def row_groups(ds: Dataset, task_type: str) -> np.ndarray:
-    """(N,) int group id per row: rows with one id must stay in one split (drawn or placed together)."""
-    index = build_index(text_columns(ds, task_type), containment=task_type != "corpus")
-    row_unit, _, _ = carve_units(index, _keys(ds, task_type))
-    return row_unit
 
 
 def assign_units(index: TextIndex, row_unit: np.ndarray, text_unit: np.ndarray, dependent: np.ndarray,
