@@ -114,7 +114,7 @@ def test_warning_names_the_split_and_an_example():
                                                       "ngram": 0, "example": None}
     (warning,) = leakage_warnings(report)
     assert "1 of the 3 dev rows" in warning and "'a good story'" in warning and "a great cast" in warning
-    assert leakage_warnings(report, threshold=0.5) == []
+    assert leakage_warnings({**report, "warn_fraction": 0.5}) == []
 
 
 def test_ngram_hashes_stay_inside_a_text():

@@ -166,16 +166,16 @@ def _ngram_hashes(word_ids: list[np.ndarray], n: int) -> tuple[np.ndarray, np.nd
     return h[ok], owner[ok]
 
 
-def leakage_report(splits: dict[str, Sequence[Sequence[str]]], n: int = NGRAM,
-                   fraction: float = NGRAM_FRACTION) -> dict:
+def leakage_report(splits: dict[str, Sequence[Sequence[str]]], n: int = NGRAM, fraction: float = NGRAM_FRACTION,
+                   warn_fraction: float = LEAK_WARN_FRACTION) -> dict:
     """For every pair of splits (A, B), A before B in ``splits`` order, how many rows of B overlap rows of A.
 
     ``splits`` maps split name -> its text columns (as :func:`build_index` takes them). Counted per pair, each row
     of B at most once, in this order: ``exact`` (a text of the row equals a text of A), ``inside`` (a text of the
     row sits inside a text of A), ``ngram`` (at least ``fraction`` of the row's word ``n``-grams, over its texts,
     occur in A's texts). Rows of A inside rows of B (a train phrase within a dev sentence) are not counted: B's
-    answer is not in them. ``example``: the first row of B of the first kind counted (exact, inside, ngram) and a
-    text of A it overlaps."""
+    answer is not in them. ``warn_fraction`` is recorded for :func:`leakage_warnings` and the report. ``example``:
+    the first row of B of the first kind counted (exact, inside, ngram) and a text of A it overlaps."""
     names = list(splits)
     sizes = [len(cols[0]) if cols else 0 for cols in splits.values()]
     width = max((len(cols) for cols in splits.values()), default=0)
@@ -212,7 +212,8 @@ def leakage_report(splits: dict[str, Sequence[Sequence[str]]], n: int = NGRAM,
                                                r)
                     break
             pairs.append(pair)
-    return {"words": WORD.pattern, "ngram": n, "ngram_fraction": fraction, "pairs": pairs}
+    return {"words": WORD.pattern, "ngram": n, "ngram_fraction": fraction, "warn_fraction": warn_fraction,
+            "pairs": pairs}
 
 
 def _example(index: TextIndex, kind: str, row: np.ndarray, texts_a: np.ndarray, inside_a: np.ndarray,
@@ -239,8 +240,10 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def leakage_warnings(report: dict, threshold: float = LEAK_WARN_FRACTION) -> list[str]:
-    """One sentence per pair of splits whose overlapping rows exceed ``threshold`` of the later split's rows."""
+def leakage_warnings(report: dict) -> list[str]:
+    """One sentence per pair of splits whose overlapping rows exceed the report's ``warn_fraction`` of the later
+    split's rows."""
+    threshold = report["warn_fraction"]
     out = []
     for p in report["pairs"]:
         a, b = p["splits"]
