@@ -213,9 +213,10 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
     dev_rows = math.ceil(rows.get("dev", 0) * shape["windows"])
     L = shape["mean_len"]
     kind = "qa" if shape["task_type"] == "qa" else "classification"
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     lines = [f"sized to --budget {budget_s / 60:g} min a training stage, with rates measured now on {device.type} "
-             f"(torch {torch.get_num_threads()} threads), random batches of {L} tokens (the mean of {name}'s rows, "
-             f"tokenizer on a sample):",
+             f"(torch {torch.get_num_threads()} threads{load}), random batches of {L} tokens (the mean of {name}'s "
+             "rows, tokenizer on a sample):",
              "  data: " + " / ".join(f"{s} {n:,}" for s, n in rows.items()) + " rows"
              + (f" ({shape['windows']:.2f} windows a question)" if kind == "qa" else "")]
     entries = {(where, key): value for where, key, value in plan}
@@ -237,6 +238,7 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
             total += sized.seconds
             lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step"))
     student_rows = []
+    measured: dict[str, Rates] = {}  # runs of one network and batch (hybrid-x, hybrid-x-hard) are measured once
     train_cfg, finetune_cfg = built["train"], built["finetune"]
     lm = build(TrainLMConfig, params["train_lm"], "train_lm") if "train_lm" in params else None
     for (where, key), value in entries.items():
@@ -258,7 +260,10 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
         spec = TaskSpec(kind=kind, vocab_size=len(shape["tokenizer"]), max_seq_len=shape["seq_len"],
                         pad_id=shape["tokenizer"].pad_token_id, num_labels=labels if kind != "qa" else 0,
                         encoding=run_cfg.encoding, head=run_cfg.head)
-        rates = measure_student(model_cfg, spec, tune, value["optim"]["batch_size"], L, device)
+        key_ = repr((model_cfg, spec, tune, value["optim"]["batch_size"]))
+        if key_ not in measured:
+            measured[key_] = measure_student(model_cfg, spec, tune, value["optim"]["batch_size"], L, device)
+        rates = measured[key_]
         sized = size_student(value["optim"], train_rows, dev_rows, rates, budget_s)
         value["optim"].update(sized.changes)
         total += sized.seconds
@@ -268,17 +273,17 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
         lines.append(_line(f"{where}.{key}", sized, rates, "step"))
     cache = entries.get(("teacher_cache.datasets", name))
     if cache is not None and student_rows:
-        read = max(student_rows)
+        read, why = min(max(student_rows), train_rows), "the most rows a student run reads"
+        if teacher_rates is not None and read / teacher_rates.forward_rows_per_s() > budget_s:
+            read, why = int(budget_s * teacher_rates.forward_rows_per_s()), "the budget's; students repeat them"
         cache["max_rows"] = None if read >= train_rows else read
         if teacher_rates is not None:
-            seconds = (cache["max_rows"] or train_rows) / teacher_rates.forward_rows_per_s()
+            seconds = read / teacher_rates.forward_rows_per_s()
             total += seconds
-            lines.append(f"  teacher_cache.datasets.{name}: max_rows {cache['max_rows']} (the most rows a student "
-                         f"run reads) ~{_minutes(seconds)} at the teacher's forward rate (logits; more signals "
-                         "cost more)")
+            lines.append(f"  teacher_cache.datasets.{name}: max_rows {cache['max_rows']} ({why}; of {train_rows:,}); "
+                         f"~{_minutes(seconds)} at the teacher's forward rate (logits; more signals cost more)")
         else:
-            lines.append(f"  teacher_cache.datasets.{name}: max_rows {cache['max_rows']} (the most rows a student "
-                         "run reads)")
+            lines.append(f"  teacher_cache.datasets.{name}: max_rows {cache['max_rows']} ({why}; of {train_rows:,})")
     lines.append(f"  expected: ~{_minutes(total)} for these stages one after another on this machine (+ prepare, "
                  "tokenize, evaluate; shared stages such as a student's init run once). Measured on random "
                  "batches: data loading and cached-signal losses are not in it, take it as +-50%.")

@@ -15,12 +15,14 @@ attention losses add more), other work on the machine. So the times are estimate
   epochs -> 3 of 10);
 * the teacher fine-tuning keeps its recipe when it fits; otherwise fewer epochs first (down to 1: more distinct
   rows beat repeats), then ``max_train_rows``;
-* the teacher cache holds the rows the students read (their steps x batch size), or all.
+* the teacher cache holds the rows the students read (their steps x batch size), or all, or as many as the
+  teacher's forward pass gets through in the budget (the students then repeat them).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +38,8 @@ __all__ = ["EVALS", "Rates", "measure_student", "measure_teacher", "size_student
 
 EVALS = 10
 """Dev evaluations of a run whose schedule was cut to the budget."""
-WARMUP, TIMED = 1, 3
-"""Untimed and timed batches of each measurement."""
+WARMUP, TIMED = 1, 5
+"""Untimed and timed batches of each measurement (the median of the timed ones counts: robust to a busy spell)."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,14 @@ class Rates:
 def _timed(fn) -> float:
     for _ in range(WARMUP):
         fn()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(TIMED):
+        t0 = time.perf_counter()
         fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / TIMED
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def _ids(batch_size: int, seq_len: int, vocab_size: int, device: torch.device) -> torch.Tensor:
