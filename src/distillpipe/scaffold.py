@@ -41,6 +41,7 @@ from distillpipe.config.train import TrainConfig
 from distillpipe.config.train_lm import TrainLMConfig
 from distillpipe.data.sources import build_source
 from distillpipe.data.tokenize import load_tokenizer
+from distillpipe.errors import UserError
 from distillpipe.runtime import resolve_device
 from distillpipe.students.base import TaskSpec
 from distillpipe.train.sizing import Rates, measure_student, measure_teacher, size_student, size_teacher
@@ -150,13 +151,11 @@ def add_task(path: Path, name: str, like: str, local: dict[str, Any], *, lengths
     params = yaml.safe_load(original)
     plan = plan_task(params, name, like, local, lengths, elmo)
     text = _with(original, plan)
-    built = {section: build(cls, yaml.safe_load(text)[section], section, path)  # a bad argument fails here,
-             for section, cls in SECTIONS.items()}                                # before the file is written
+    built = _built(text, path)  # a bad argument fails here, before the file is written
     if budget_minutes:
         lines = size_task(plan, built, params, name, budget_minutes * 60, root=path.parent)
         text = _with(original, plan)
-        for section, cls in SECTIONS.items():
-            build(cls, yaml.safe_load(text)[section], section, path)
+        _built(text, path)
         if report is not None:
             report += lines
     if write:
@@ -164,6 +163,11 @@ def add_task(path: Path, name: str, like: str, local: dict[str, Any], *, lengths
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     return [f"{where}.{key}" if key is not None else f"{where}[+] {value['title']!r}" for where, key, value in plan]
+
+
+def _built(text: str, path: Path) -> dict[str, Any]:
+    new = yaml.safe_load(text)
+    return {section: build(cls, new[section], section, path) for section, cls in SECTIONS.items()}
 
 
 def _with(text: str, plan: list[tuple[str, str | None, Any]]) -> str:
@@ -223,17 +227,16 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
     total = 0.0
     teacher_rates: Rates | None = None
     task = entries.get(("teacher_finetune.tasks", name))
-    base = _teacher_base(built, root)
     if task is not None:
         num_labels = shape["num_labels"] or (round(shape["max_label"] / task["regression_bin_width"]) + 1
                                              if shape["max_label"] is not None else 0)
         try:
+            base = _teacher_base(built, root)
             teacher_rates = measure_teacher(base, kind, max(num_labels, 1), task["batch_size"], L, device)
-        except (OSError, ValueError) as e:
-            lines.append(f"  teacher_finetune.tasks.{name}: copied as it is: the base teacher ({base}) could not be "
-                         f"loaded to measure it ({e})")
+        except (OSError, ValueError, UserError) as e:
+            lines.append(f"  teacher_finetune.tasks.{name}: copied as it is, not measured: {e}")
         if teacher_rates is not None:
-            sized = size_teacher(task, train_rows, dev_rows, teacher_rates, budget_s)
+            sized = _sized(size_teacher, task, train_rows, dev_rows, teacher_rates, budget_s)
             task.update(sized.changes)
             total += sized.seconds
             lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step"))
@@ -264,7 +267,7 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
         if key_ not in measured:
             measured[key_] = measure_student(model_cfg, spec, tune, value["optim"]["batch_size"], L, device)
         rates = measured[key_]
-        sized = size_student(value["optim"], train_rows, dev_rows, rates, budget_s)
+        sized = _sized(size_student, value["optim"], train_rows, dev_rows, rates, budget_s)
         value["optim"].update(sized.changes)
         total += sized.seconds
         optim = value["optim"]
@@ -296,12 +299,24 @@ def _line(key: str, sized, rates: Rates, unit: str) -> str:
             f"; {rates.step_s:.3f} s a {unit} of {rates.batch_size}, {rates.forward_rows_per_s():,.0f} rows/s forward")
 
 
+def _sized(fn, *args):
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise ConfigError(f"--budget: {e}; give more minutes") from None
+
+
 def _teacher_base(built: dict, root: Path) -> Path:
-    """The base teacher teacher_finetune starts from: models/teacher/base once imported, else its spec."""
+    """The base teacher teacher_finetune starts from: models/teacher/base once imported, else its embedded or local
+    spec (a hub name is not downloaded for a measurement: teacher_import does that)."""
     imported = root / "models" / "teacher" / "base"
     if (imported / "config.json").is_file():
         return imported
-    return resolve_model(built["teacher_import"].models["base"])
+    spec = built["teacher_import"].models["base"]
+    if not (spec.startswith("embedded:") or Path(spec).exists()):
+        raise ConfigError(f"the base teacher {spec!r} is a hub model not imported yet (`dvc repro teacher_import` "
+                          "imports it; then new-task can measure it)")
+    return resolve_model(spec)
 
 
 def _insert(text: str, keys: list[str], key: str | None, value: Any) -> str:
