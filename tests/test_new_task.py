@@ -119,3 +119,74 @@ def test_raw_data_pointers_are_committable(tmp_path):
                  "data/tokens/x", "data/teacher/x.zarr", "data/x.dvc", check=False).stdout.split()
     assert ignored == ["data/raw/SST-2/train.tsv", "data/prepared/x/meta.json", "data/tokens/x", "data/teacher/x.zarr",
                        "data/x.dvc"]
+
+
+def test_only_runs_that_read_the_new_data_and_captions_of_the_new_task():
+    """--like polarity copies the Hybrid runs, not the ELMo heads (they need the word-vector and biLM stages) unless
+    asked; copied report tables describe the new task, not the embedded data."""
+    from distillpipe.scaffold import plan_task
+
+    params = yaml.safe_load(ROOT_PARAMS.read_text())
+    local = {"format": "glue", "task": "sst2", "path": "data/raw/SST-2", "files": {"train": "train.tsv"},
+             "encoding": "utf-8", "on_bad_rows": "error", "carve": {"dev": 0.1, "test": 0.1, "seed": 0}}
+    runs = {key for where, key, _ in plan_task(params, "sst2", "polarity", local) if where == "finetune.runs"}
+    assert runs == {"hybrid-sst2", "hybrid-sst2-hard"}
+    plan = plan_task(params, "sst2", "polarity", local, elmo=True)
+    assert {key for where, key, _ in plan if where == "finetune.runs"} == runs | {
+        "elmo-c-sst2", "elmo-a-sst2", "elmo-sub-sst2"}
+    tables = [value for where, _, value in plan if where == "report.tables"]
+    embedded = {t["caption"] for t in params["report"]["tables"]}
+    assert len(tables) == 2 and not {t["caption"] for t in tables} & embedded
+    assert all("sst2 (glue files in data/raw/SST-2)" in t["caption"] for t in tables)
+
+
+def test_sizing_arithmetic():
+    """A copied schedule that fits is left alone; one that does not gets the most steps that fit beside EVALS dev
+    passes, evaluations spread over them and patience at the copied share; the teacher loses epochs before rows."""
+    from distillpipe.train.sizing import EVALS, Rates, size_student, size_teacher
+
+    rates = Rates(batch_size=16, seq_len=12, step_s=0.25, forward_s=0.1)  # 160 rows/s forward
+    optim = {"epochs": 20, "max_steps": None, "batch_size": 16, "eval_every": 0, "patience": 5}
+    small = size_student(optim, 140, 40, rates, budget_s=1800)
+    assert small.changes == {} and small.seconds == pytest.approx(20 * 9 * 0.25 + 20 * 40 / 160)
+    big = size_student(optim, 60_000, 6_000, rates, budget_s=1800)
+    fit = big.changes["max_steps"]
+    assert fit * 0.25 + EVALS * 6_000 / 160 <= 1800 < (fit + 1) * 0.25 + EVALS * 6_000 / 160
+    assert big.changes == {"epochs": -(-fit // 3750), "max_steps": fit, "eval_every": fit // EVALS, "patience": 2}
+    assert big.copied_seconds == pytest.approx(20 * 3750 * 0.25 + 20 * 6_000 / 160)
+    with pytest.raises(ValueError, match="no room"):
+        size_student(optim, 60_000, 6_000, rates, budget_s=60)
+
+    task = {"epochs": 5, "max_train_rows": None, "batch_size": 16}
+    teacher = Rates(batch_size=16, seq_len=12, step_s=1.0, forward_s=0.1)  # 16 rows/s training
+    assert size_teacher(task, 10_000, 100, teacher, 1800).changes == {"epochs": 2}  # all rows, fewer epochs
+    cut = size_teacher(task, 60_000, 100, teacher, 1800)
+    assert cut.changes == {"epochs": 1, "max_train_rows": int((1800 - 100 / 160) * 16)}
+    assert size_teacher(task, 100, 10, teacher, 1800).changes == {}
+
+
+def test_new_task_sized_to_budget(tmp_path, monkeypatch):
+    """With --budget the copied schedule is sized from rates measured here on the real (tiny) teacher and student:
+    a run that cannot finish gets max_steps, evaluations spread over them and the cache only the rows it reads."""
+    teacher = make_tiny_bert_dir(tmp_path / "tiny_teacher")
+    params = tiny_params(teacher)
+    params["train"]["runs"]["tiny"]["optim"].update(epochs=200, patience=50)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    raw = tmp_path / "data" / "raw" / "mine"
+    raw.mkdir(parents=True)
+    tsv(raw / "train.tsv", 3000, 0)
+    monkeypatch.chdir(tmp_path)
+    local = {"format": "glue", "task": "sst2", "path": "data/raw/mine", "files": {"train": "train.tsv"},
+             "encoding": "utf-8", "on_bad_rows": "error", "carve": {"dev": 0.1, "test": 0.1, "seed": 0}}
+    lines: list[str] = []
+    add_task(tmp_path / "params.yaml", "mine", "polarity", local, budget_minutes=0.1, report=lines)
+    new = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    optim = new["train"]["runs"]["tiny-mine"]["optim"]
+    assert optim["max_steps"] and optim["max_steps"] < 200 * 3000 / 32
+    assert optim["eval_every"] == optim["max_steps"] // 10 and optim["patience"] == 2  # 50 of 200 evaluations -> 2
+    rows = int(lines[1].split("train ")[1].split(" ")[0].replace(",", ""))
+    cache = new["teacher_cache"]["datasets"]["mine"]["max_rows"]
+    assert cache == (None if optim["max_steps"] * 32 >= rows else optim["max_steps"] * 32)
+    assert new["train"]["runs"]["tiny"]["optim"]["epochs"] == 200  # the --like run is left as it was
+    text = "\n".join(lines)
+    assert "train.runs.tiny-mine: epochs" in text and "expected: ~" in text and "measured now on" in text

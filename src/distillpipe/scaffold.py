@@ -8,17 +8,25 @@ students and table layout), so no value comes from code: every number is one par
 has, and the user edits the copy. The new entries are inserted as text at the end of their blocks,
 so the rest of the file (comments, flow maps, ``null``) stays byte for byte; the result is built
 with every touched section's config class before anything is written.
+
+Only runs whose student reads the new data are copied: runs initialised from a ``train_lm`` language model (the
+ELMo heads) need the word-vector and biLM stages and are left out unless asked for (``elmo=True``). Copied report
+tables get a caption of the new task, not the embedded one. With a ``budget`` the copied schedules are sized to
+the new data on this machine (:func:`size_task`, :mod:`distillpipe.train.sizing`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
+from distillpipe.assets import resolve_model
 from distillpipe.config.base import ConfigError, build
 from distillpipe.config.evaluate import EvaluateConfig
 from distillpipe.config.finetune import FinetuneConfig
@@ -27,14 +35,23 @@ from distillpipe.config.report import ReportConfig
 from distillpipe.config.speed import SpeedConfig
 from distillpipe.config.teacher_cache import TeacherCacheConfig
 from distillpipe.config.teacher_finetune import TeacherFinetuneConfig
+from distillpipe.config.teacher_import import TeacherImportConfig
 from distillpipe.config.tokenize import TokenizeConfig
 from distillpipe.config.train import TrainConfig
+from distillpipe.config.train_lm import TrainLMConfig
+from distillpipe.data.sources import build_source
+from distillpipe.data.tokenize import load_tokenizer
+from distillpipe.errors import UserError
+from distillpipe.runtime import resolve_device
+from distillpipe.students.base import TaskSpec
+from distillpipe.train.sizing import Rates, measure_student, measure_teacher, size_student, size_teacher
 
 KIND_OF_FORMAT = {"glue": "classification", "squad": "qa", "text": "mlm", "jsonl": "mlm"}
 REGRESSION_TASKS = ("stsb",)
 STSB_BIN_WIDTH = 0.2
 """CMOW paper sec. IV-A (after Raffel et al.): STS-B cast to classification over 0.2-wide bins."""
-SECTIONS = {"prepare": PrepareConfig, "tokenize": TokenizeConfig, "teacher_finetune": TeacherFinetuneConfig,
+SECTIONS = {"prepare": PrepareConfig, "tokenize": TokenizeConfig, "teacher_import": TeacherImportConfig,
+            "teacher_finetune": TeacherFinetuneConfig,
             "teacher_cache": TeacherCacheConfig, "train": TrainConfig, "finetune": FinetuneConfig,
             "evaluate": EvaluateConfig, "speed": SpeedConfig, "report": ReportConfig}
 
@@ -44,10 +61,11 @@ def _renamed(run: str, like: str, name: str) -> str:
 
 
 def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
-              lengths: dict[str, int] | None = None) -> list[tuple[str, str | None, Any]]:
+              lengths: dict[str, int] | None = None, elmo: bool = False) -> list[tuple[str, str | None, Any]]:
     """The entries that add dataset ``name`` (its ``prepare.local`` entry ``local``) modelled on dataset ``like``:
     (dotted path of a mapping or list, key or None for a list item, value). ``lengths`` replaces keys of the copied
-    ``tokenize.datasets`` entry (``max_seq_len``; for QA ``doc_stride``, ``max_query_len``). Raises ConfigError."""
+    ``tokenize.datasets`` entry (``max_seq_len``; for QA ``doc_stride``, ``max_query_len``); ``elmo`` copies the runs
+    initialised from a ``train_lm`` language model too. Raises ConfigError."""
     missing = [s for s in SECTIONS if s not in params]
     if missing:
         raise ConfigError(f"params: missing section(s) {missing}")
@@ -84,10 +102,11 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
             entry["teacher"] = name
         plan.append(("teacher_cache.datasets", name, entry))
     runs: dict[str, str] = {}
+    language_models = set((params.get("train_lm") or {}).get("runs") or {})
     for section in ("train", "finetune"):
         existing = params[section]["runs"]
         for run, cfg in existing.items():
-            if cfg.get("dataset") != like:
+            if cfg.get("dataset") != like or (cfg.get("init") in language_models and not elmo):
                 continue
             new = _renamed(run, like, name)
             if new in existing or new in runs.values():
@@ -112,29 +131,192 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
             continue
         title = table["title"].replace(like, name) if like in table["title"] else f"{table['title']} ({name})"
         pairs = [[names[a], names[b]] for a, b in table["compare"] if a in names and b in names]
-        plan.append(("report.tables", None, {**copy.deepcopy(table), "title": title, "paper": None, "compare": pairs,
-                                             "runs": [names[r] for r in table["runs"] if r in names]}))
+        copied = [names[r] for r in table["runs"] if r in names]
+        caption = (f"{name} ({local.get('format')} files in {local.get('path')}): {', '.join(copied)}, copied by "
+                   f"`distillpipe new-task` from the table \"{table['title']}\" of {like}. Describe your task here.")
+        plan.append(("report.tables", None, {**copy.deepcopy(table), "title": title, "caption": caption,
+                                             "paper": None, "compare": pairs, "runs": copied}))
     return plan
 
 
 def add_task(path: Path, name: str, like: str, local: dict[str, Any], *, lengths: dict[str, int] | None = None,
-             write: bool = True) -> list[str]:
-    """Add dataset ``name`` to the params file ``path`` (see :func:`plan_task`); return what was added."""
+             write: bool = True, elmo: bool = False, budget_minutes: float | None = None,
+             report: list[str] | None = None) -> list[str]:
+    """Add dataset ``name`` to the params file ``path`` (see :func:`plan_task`); return what was added. With
+    ``budget_minutes`` the copied schedules are sized first (:func:`size_task`), and what it chose and why is
+    appended to ``report`` (lines to print)."""
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found (run from the repository root or pass --params)")
-    text = path.read_text(encoding="utf-8")
-    params = yaml.safe_load(text)
-    plan = plan_task(params, name, like, local, lengths)
-    for where, key, value in plan:
-        text = _insert(text, where.split("."), key, value)
-    new = yaml.safe_load(text)
-    for section, cls in SECTIONS.items():  # a bad argument fails here, before the file is written
-        build(cls, new[section], section, path)
+    original = path.read_text(encoding="utf-8")
+    params = yaml.safe_load(original)
+    plan = plan_task(params, name, like, local, lengths, elmo)
+    text = _with(original, plan)
+    built = _built(text, path)  # a bad argument fails here, before the file is written
+    if budget_minutes:
+        lines = size_task(plan, built, params, name, budget_minutes * 60, root=path.parent)
+        text = _with(original, plan)
+        _built(text, path)
+        if report is not None:
+            report += lines
     if write:
         tmp = path.with_name(f".{path.name}.partial")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     return [f"{where}.{key}" if key is not None else f"{where}[+] {value['title']!r}" for where, key, value in plan]
+
+
+def _built(text: str, path: Path) -> dict[str, Any]:
+    new = yaml.safe_load(text)
+    return {section: build(cls, new[section], section, path) for section, cls in SECTIONS.items()}
+
+
+def _with(text: str, plan: list[tuple[str, str | None, Any]]) -> str:
+    for where, key, value in plan:
+        text = _insert(text, where.split("."), key, value)
+    return text
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:,.1f} min" if seconds < 5400 else f"{seconds / 3600:,.1f} h"
+
+
+def _data_shape(name: str, built: dict) -> dict[str, Any]:
+    """Rows per split of the new dataset (read and carved now, as prepare will) and its mean row length in tokens
+    (the tokenizer on up to 2,000 train rows; QA: windows per question too)."""
+    prepared = build_source(name, built["prepare"].dataset(name))
+    tok_cfg = built["tokenize"]
+    tok, _ = load_tokenizer(tok_cfg.tokenizer)
+    seq_len = tok_cfg.seq_len(name)
+    train = prepared.splits["train"]
+    sample = train.select(range(0, len(train), max(1, len(train) // 2000)))
+    if prepared.task_type == "qa":
+        stride = tok_cfg.datasets[name].doc_stride
+        lengths = [len(tok(q, c)["input_ids"]) for q, c in zip(sample["question"][:], sample["context"][:])]
+        windows = sum(1 + max(0, math.ceil((n - seq_len) / stride)) for n in lengths) / len(lengths)
+    else:
+        b = sample["text_b"][:] if "text_b" in sample.column_names else [None] * len(sample)
+        lengths = [len(tok(a, b_)["input_ids"]) for a, b_ in zip(sample["text_a"][:], b)]
+        windows = 1.0
+    labels = prepared.label_names
+    return {"rows": {s: len(d) for s, d in prepared.splits.items()}, "windows": windows, "tokenizer": tok,
+            "mean_len": max(2, round(sum(min(n, seq_len) for n in lengths) / len(lengths))), "seq_len": seq_len,
+            "task_type": prepared.task_type, "num_labels": len(labels) if labels else 0,
+            "max_label": max(train["label"][:]) if prepared.task_type == "regression" else None}
+
+
+def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict, name: str, budget_s: float,
+              root: Path = Path(".")) -> list[str]:
+    """Size the copied schedules in ``plan`` (edited in place) to ``budget_s`` seconds a training stage, from the new
+    data's shape and rates measured now (:mod:`distillpipe.train.sizing`); returns the lines that say what was
+    chosen and what it is expected to take. The data's paths are read relative to the working directory (the
+    repository root, as for the stages); ``root`` is where ``models/teacher/base`` is looked for."""
+    shape = _data_shape(name, built)
+    device = resolve_device("auto")
+    rows = shape["rows"]
+    train_rows = math.ceil(rows["train"] * shape["windows"])
+    dev_rows = math.ceil(rows.get("dev", 0) * shape["windows"])
+    L = shape["mean_len"]
+    kind = "qa" if shape["task_type"] == "qa" else "classification"
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    lines = [f"sized to --budget {budget_s / 60:g} min a training stage, with rates measured now on {device.type} "
+             f"(torch {torch.get_num_threads()} threads{load}), random batches of {L} tokens (the mean of {name}'s "
+             "rows, tokenizer on a sample):",
+             "  data: " + " / ".join(f"{s} {n:,}" for s, n in rows.items()) + " rows"
+             + (f" ({shape['windows']:.2f} windows a question)" if kind == "qa" else "")]
+    entries = {(where, key): value for where, key, value in plan}
+    total = 0.0
+    teacher_rates: Rates | None = None
+    task = entries.get(("teacher_finetune.tasks", name))
+    if task is not None:
+        num_labels = shape["num_labels"] or (round(shape["max_label"] / task["regression_bin_width"]) + 1
+                                             if shape["max_label"] is not None else 0)
+        try:
+            base = _teacher_base(built, root)
+            teacher_rates = measure_teacher(base, kind, max(num_labels, 1), task["batch_size"], L, device)
+        except (OSError, ValueError, UserError) as e:
+            lines.append(f"  teacher_finetune.tasks.{name}: copied as it is, not measured: {e}")
+        if teacher_rates is not None:
+            sized = _sized(size_teacher, task, train_rows, dev_rows, teacher_rates, budget_s)
+            task.update(sized.changes)
+            total += sized.seconds
+            lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step"))
+    student_rows = []
+    measured: dict[str, Rates] = {}  # runs of one network and batch (hybrid-x, hybrid-x-hard) are measured once
+    train_cfg, finetune_cfg = built["train"], built["finetune"]
+    lm = build(TrainLMConfig, params["train_lm"], "train_lm") if "train_lm" in params else None
+    for (where, key), value in entries.items():
+        if where not in ("train.runs", "finetune.runs"):
+            continue
+        if where == "train.runs":
+            run_cfg = train_cfg.runs[key]
+            model_cfg, tune = run_cfg.model, "full"
+        else:
+            run_cfg = finetune_cfg.runs[key]
+            init = run_cfg.init
+            model_cfg = (train_cfg.runs[init].model if init in train_cfg.runs else
+                         lm.runs[init].model if lm is not None and init in lm.runs else None)
+            tune = run_cfg.tune
+        if model_cfg is None:
+            lines.append(f"  {where}.{key}: copied as it is (its init {run_cfg.init!r} is not a train run here)")
+            continue
+        labels = shape["num_labels"] or (round(shape["max_label"] / STSB_BIN_WIDTH) + 1 if shape["max_label"] else 0)
+        spec = TaskSpec(kind=kind, vocab_size=len(shape["tokenizer"]), max_seq_len=shape["seq_len"],
+                        pad_id=shape["tokenizer"].pad_token_id, num_labels=labels if kind != "qa" else 0,
+                        encoding=run_cfg.encoding, head=run_cfg.head)
+        key_ = repr((model_cfg, spec, tune, value["optim"]["batch_size"]))
+        if key_ not in measured:
+            measured[key_] = measure_student(model_cfg, spec, tune, value["optim"]["batch_size"], L, device)
+        rates = measured[key_]
+        sized = _sized(size_student, value["optim"], train_rows, dev_rows, rates, budget_s)
+        value["optim"].update(sized.changes)
+        total += sized.seconds
+        optim = value["optim"]
+        steps = optim["max_steps"] or optim["epochs"] * math.ceil(train_rows / optim["batch_size"])
+        student_rows.append(min(train_rows, steps * optim["batch_size"]))
+        lines.append(_line(f"{where}.{key}", sized, rates, "step"))
+    cache = entries.get(("teacher_cache.datasets", name))
+    if cache is not None and student_rows:
+        read, why = min(max(student_rows), train_rows), "the most rows a student run reads"
+        if teacher_rates is not None and read / teacher_rates.forward_rows_per_s() > budget_s:
+            read, why = int(budget_s * teacher_rates.forward_rows_per_s()), "the budget's; students repeat them"
+        cache["max_rows"] = None if read >= train_rows else read
+        if teacher_rates is not None:
+            seconds = read / teacher_rates.forward_rows_per_s()
+            total += seconds
+            lines.append(f"  teacher_cache.datasets.{name}: max_rows {cache['max_rows']} ({why}; of {train_rows:,}); "
+                         f"~{_minutes(seconds)} at the teacher's forward rate (logits; more signals cost more)")
+        else:
+            lines.append(f"  teacher_cache.datasets.{name}: max_rows {cache['max_rows']} ({why}; of {train_rows:,})")
+    lines.append(f"  expected: ~{_minutes(total)} for these stages one after another on this machine (+ prepare, "
+                 "tokenize, evaluate; shared stages such as a student's init run once). Measured on random "
+                 "batches: data loading and cached-signal losses are not in it, take it as +-50%.")
+    return lines
+
+
+def _line(key: str, sized, rates: Rates, unit: str) -> str:
+    changed = ", ".join(f"{k} {v}" for k, v in sized.changes.items()) or "unchanged"
+    return (f"  {key}: {changed}: {sized.note}; ~{_minutes(sized.seconds)} (copied: ~{_minutes(sized.copied_seconds)})"
+            f"; {rates.step_s:.3f} s a {unit} of {rates.batch_size}, {rates.forward_rows_per_s():,.0f} rows/s forward")
+
+
+def _sized(fn, *args):
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise ConfigError(f"--budget: {e}; give more minutes") from None
+
+
+def _teacher_base(built: dict, root: Path) -> Path:
+    """The base teacher teacher_finetune starts from: models/teacher/base once imported, else its embedded or local
+    spec (a hub name is not downloaded for a measurement: teacher_import does that)."""
+    imported = root / "models" / "teacher" / "base"
+    if (imported / "config.json").is_file():
+        return imported
+    spec = built["teacher_import"].models["base"]
+    if not (spec.startswith("embedded:") or Path(spec).exists()):
+        raise ConfigError(f"the base teacher {spec!r} is a hub model not imported yet (`dvc repro teacher_import` "
+                          "imports it; then new-task can measure it)")
+    return resolve_model(spec)
 
 
 def _insert(text: str, keys: list[str], key: str | None, value: Any) -> str:

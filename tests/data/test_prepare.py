@@ -55,6 +55,9 @@ def test_writes_dataset_dict_and_meta(tmp_path):
         "text_fields": ["text_a"],
         "source": json.loads(json.dumps(dataclasses.asdict(cfg))),
         "summary": {"rows": {"train": 140, "dev": 40, "test": 20}, "skipped": {}},
+        "leakage": {"words": r"\w+|[^\w\s]", "ngram": 8, "ngram_fraction": 0.5, "warn_fraction": 0.01, "pairs": [
+            {"splits": [a, b], "rows": n, "exact": 0, "inside": 0, "ngram": 0, "example": None}
+            for a, b, n in (("train", "dev", 40), ("train", "test", 20), ("dev", "test", 20))]},
     }
     assert sorted(p.name for p in out.parent.iterdir()) == ["polarity"]  # no partial/old folders left
 

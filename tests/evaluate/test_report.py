@@ -319,3 +319,23 @@ def test_plot_shows_test_scores_and_marks_dev_ones(tmp_path):
     assert drawn["waldorf-qa (dev)"].score == pytest.approx(45.678)  # QA metrics are percent already
     assert drawn["hybrid-polarity"].sentences_per_s == 30000.0
     assert [compact(v) for v in (50, 200, 1000, 20000, 1.5e6)] == ["50", "200", "1k", "20k", "1.5M"]
+
+
+def test_overlap_between_splits_beside_the_scores(tmp_path):
+    """evaluate carries the prepared dataset's leakage report into the run's metrics; the report shows it once per
+    dataset, right after the scores, marking a split above the warning fraction and quoting the example."""
+    from distillpipe.data.overlap import leakage_report
+
+    leak = leakage_report({"train": [["a good film about nothing .", "the plot is dull"]],
+                           "dev": [["a good film", "fun to watch"]], "test": [["nothing new", "long"]]})
+    results = copy.deepcopy(RESULTS)
+    results[0]["leakage"] = results[2]["leakage"] = leak
+    text = render_results(results, [], bootstrap=BOOT, out_md=tmp_path / "r.md", out_png=tmp_path / "r.png")
+    rows = _tables(text)["Overlap between splits"]
+    assert [(r["dataset"], r["splits"], r["rows"], r["equal"], r["inside"], r["near"]) for r in rows] == [
+        ("polarity", "train → dev ⚠", "2", "0", "1", "0"), ("polarity", "train → test", "2", "0", "0", "0"),
+        ("polarity", "dev → test", "2", "0", "0", "0")]
+    assert rows[0]["example"] == "inside: “a good film” in “a good film about nothing .”"
+    assert text.index("## All runs") < text.index("## Overlap between splits") < text.index("## Speed vs quality")
+    assert "## Overlap" not in render_results(RESULTS, [], bootstrap=BOOT, out_md=tmp_path / "s.md",
+                                              out_png=tmp_path / "s.png")

@@ -46,15 +46,27 @@ def qa_student(tmp_path_factory):
 
 
 def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
+    import shutil
+
     from datasets import load_from_disk
 
+    from distillpipe.data.overlap import leakage_report
+    from distillpipe.data.schema import write_meta
+
+    # the prepared dataset's leakage report (prepare writes it) is carried into the metrics, for the report
+    prepared = tmp_path / "prepared"
+    shutil.copytree(qa_student["prepared"], prepared)
+    splits = load_from_disk(str(prepared))
+    leakage = leakage_report({s: [d["context"][:]] for s, d in splits.items()})
+    write_meta(prepared, {**read_meta(prepared), "leakage": leakage})
     cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["test"],
                                  "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
     out = tmp_path / "w.json"
     res = evaluate_run("w", cfg, build(EvaluateRunConfig, {"dataset": "toy_qa", "teacher": "t"}, "run"),
                        student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
-                       prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"], out_path=out,
+                       prepared_dir=prepared, teacher_dir=qa_student["teacher"], out_path=out,
                        predictions_path=tmp_path / "w.predictions.json", live_dir=tmp_path / "w.live")
+    assert json.loads(out.read_text())["leakage"] == leakage and len(leakage["pairs"]) == 3
     # only test was asked for; dev is scored too, because test needs its threshold
     assert res["dev"] is not None and res["test"] is not None and res["test"]["total"] == 24
     assert res["test"]["threshold"] == res["dev"]["threshold"]

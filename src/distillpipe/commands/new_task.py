@@ -35,10 +35,17 @@ def new_task(name: Annotated[str, typer.Argument(help="the new dataset's name (e
              max_query_len: Annotated[int | None, typer.Option(help="QA: question tokens kept; else --like's "
                                                                     "value")] = None,
              encoding: Annotated[str, typer.Option(help="text encoding of the files")] = "utf-8",
+             budget: Annotated[float, typer.Option(help="minutes a training stage (teacher fine-tuning, each student "
+                                                        "run) may take on this machine: the copied schedules are "
+                                                        "sized to the new data and these minutes from rates measured "
+                                                        "now; 0 copies them as they are")] = 30.0,
+             elmo: Annotated[bool, typer.Option(help="also copy the runs initialised from an ELMo language model "
+                                                     "(train_lm; they add the word-vector and biLM stages)")] = False,
              dry_run: Annotated[bool, typer.Option(help="print what would be added, write nothing")] = False,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Add a task from your files: its prepare.local, tokenize, teacher, student runs, evaluate and report entries,
-    copied from the dataset given by --like. Then `dvc repro` runs it from prepare to report."""
+    copied from the dataset given by --like, with schedules sized to your data and --budget (it reads the files and
+    measures this machine, ~10-60 s). Then `dvc repro` runs it from prepare to report."""
     if fmt == "glue" and not task:
         raise ConfigError("--format glue needs --task (sst2, mrpc, stsb, ...)")
     files = {"train": train, **({"dev": dev} if dev else {}), **({"test": test} if test else {})}
@@ -54,9 +61,15 @@ def new_task(name: Annotated[str, typer.Argument(help="the new dataset's name (e
     local["carve"] = {"dev": carve_dev, "test": carve_test, "seed": seed} if carve_dev or carve_test else None
     lengths = {k: v for k, v in (("max_seq_len", max_seq_len), ("doc_stride", doc_stride),
                                   ("max_query_len", max_query_len)) if v is not None}
-    added = add_task(params, name, like, local, lengths=lengths, write=not dry_run)
+    if budget < 0:
+        raise ConfigError(f"--budget {budget}: give minutes a training stage (> 0), or 0 to copy the schedules")
+    sizing: list[str] = []
+    added = add_task(params, name, like, local, lengths=lengths, write=not dry_run, elmo=elmo,
+                     budget_minutes=budget or None, report=sizing)
     typer.echo(f"{'would add' if dry_run else 'added'} to {params}:")
     for key in added:
         typer.echo(f"  {key}")
+    for line in sizing:
+        typer.echo(line)
     if not dry_run:
         typer.echo(f"next: `dvc repro` (or `dvc repro report`) runs {name} from prepare_local@{name} to the report")

@@ -20,6 +20,8 @@ def prepare(dataset: DatasetOpt, out: Annotated[Path, typer.Option(help="output 
     cfg = load_section(params, "prepare", PrepareConfig)
     summary = prepare_dataset(dataset, cfg.dataset(dataset), out, cfg.wiki_articles)
     typer.echo(summary.one_line())
+    if summary.overlap_line():
+        typer.echo(summary.overlap_line())
 
 
 main = entry_point(prepare, "prepare")

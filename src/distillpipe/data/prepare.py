@@ -15,6 +15,7 @@ from datasets import DatasetDict
 
 from distillpipe.config.prepare import WIKI_DERIVED, AnyDatasetConfig, ArticleSplitConfig
 from distillpipe.data import schema
+from distillpipe.data.overlap import LEAK_MAX_CHARS, leakage_report, leakage_warnings, text_columns
 from distillpipe.data.sources import PrepareError, build_source
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ class PrepareSummary:
     skipped: dict[str, int]
     """Items left out, by reason (``"short paragraphs": 41``)."""
     seconds: float
+    leakage: dict | None = None
+    """The leakage report of meta.json (None: one split only)."""
 
     @property
     def total_rows(self) -> int:
@@ -39,6 +42,16 @@ class PrepareSummary:
         splits = " / ".join(f"{s} {n:,}" for s, n in self.rows.items())
         skipped = ", ".join(f"{n:,} {reason}" for reason, n in self.skipped.items()) or "nothing"
         return f"prepare {self.name}: {self.total_rows:,} rows ({splits}), skipped {skipped}, {self.seconds:.1f} s"
+
+    def overlap_line(self) -> str | None:
+        """The leakage report in one line (``train -> dev: 0 equal / 0 inside / 2 near of 199``), or None."""
+        if not self.leakage:
+            return None
+        if "skipped" in self.leakage:
+            return f"  overlap between splits: not measured ({self.leakage['skipped']})"
+        parts = [f"{p['splits'][0]} -> {p['splits'][1]}: {p['exact']:,} equal / {p['inside']:,} inside / "
+                 f"{p['ngram']:,} near of {p['rows']:,}" for p in self.leakage["pairs"]]
+        return "  rows overlapping an earlier split: " + "; ".join(parts)
 
 
 def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path,
@@ -64,6 +77,7 @@ def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path,
             "`carve: {dev: 0.1, test: 0.0, seed: 0}` (hub: `splits: {train: train, test: validation}`)")
     rows = {split: len(ds) for split, ds in prepared.splits.items()}
     skipped = prepared.skips.as_dict()
+    leakage = _leakage(name, prepared) if len(prepared.splits) > 1 else None
     meta = {
         "name": name,
         "task_type": prepared.task_type,
@@ -75,12 +89,25 @@ def prepare_dataset(name: str, cfg: AnyDatasetConfig, out_dir: Path,
         **({"wiki_articles": dataclasses.asdict(wiki_articles)} if isinstance(cfg, WIKI_DERIVED) else {}),
         **({"provenance": prepared.provenance} if prepared.provenance else {}),
         "summary": {"rows": rows, "skipped": skipped},
+        **({"leakage": leakage} if leakage else {}),
     }
     assert prepared.task_type in schema.TASK_TYPES, prepared.task_type
     _write_atomically(DatasetDict(prepared.splits), meta, out_dir)
-    summary = PrepareSummary(name, rows, skipped, time.perf_counter() - start)
+    summary = PrepareSummary(name, rows, skipped, time.perf_counter() - start, leakage)
     logger.debug(summary.one_line())  # the CLI prints it
     return summary
+
+
+def _leakage(name: str, prepared) -> dict:
+    """The leakage report of the splits (:func:`distillpipe.data.overlap.leakage_report`), each warning logged."""
+    columns = {split: text_columns(ds, prepared.task_type) for split, ds in prepared.splits.items()}
+    chars = sum(len(t or "") for cols in columns.values() for col in cols for t in col)
+    if chars > LEAK_MAX_CHARS:
+        return {"skipped": f"{chars:,} characters, more than the {LEAK_MAX_CHARS:,} the overlap index takes"}
+    report = leakage_report(columns)
+    for warning in leakage_warnings(report):
+        logger.warning("prepare %s: %s", name, warning)
+    return report
 
 
 def _write_atomically(dd: DatasetDict, meta: dict, out_dir: Path) -> None:

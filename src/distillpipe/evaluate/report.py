@@ -11,6 +11,7 @@ Input: one metrics dict per run, as the ``evaluate`` stage writes them (one JSON
                "teacher_sentences_per_s", "speedup"} | None,
      "teacher": {"name", "dev", "test" | None, "params"} | None,
      "train": {"steps", "best_step", "init", "trainable_params"} (optional),
+     "leakage": the prepared dataset's leakage report (optional; :mod:`distillpipe.evaluate.overlap`),
      "predictions": {"student": {split: [record]}, "teacher": {"name", split: [record]}} | None}
 
 and a list of :class:`TableSpec` (paper-style tables naming runs in order, with the paper's numbers and
@@ -19,7 +20,8 @@ the pairs of rows to compare).
 Output, all deterministic (no timestamps, seeded resampling; the same inputs give the same bytes):
 
 1. a main table: one row per teacher (once per dataset and teacher name) then one per run of that
-   dataset, datasets in order of first appearance; every dev/test score with its bootstrap interval;
+   dataset, datasets in order of first appearance; every dev/test score with its bootstrap interval; then the
+   overlap between each dataset's splits (:mod:`distillpipe.evaluate.overlap`);
 2. one table per :class:`TableSpec` (a run it names that is absent is reported as "not run"), followed
    by its paired comparisons: difference, interval and test (:mod:`distillpipe.evaluate.intervals`);
 3. the PNG (:mod:`distillpipe.evaluate.plot`).
@@ -37,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from distillpipe.evaluate.overlap import overlap_section
 from distillpipe.evaluate.plot import TEACHER_PREFIX, plot_speed_quality
 from distillpipe.evaluate.tables import (
     NA,
@@ -209,6 +212,8 @@ def render_results(
     scorer = Scorer(bootstrap)
     lines = ["# Results", "", _caption(results, bootstrap), "", "## All runs", ""]
     lines += main_table(rows, scorer)
+    overlap = overlap_section(results)
+    lines += ["", *overlap] if overlap else []
     for spec in tables:
         lines += ["", f"## {spec.title}", ""]
         if spec.caption:

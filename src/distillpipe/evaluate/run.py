@@ -3,8 +3,8 @@
 Two JSONs per run, both read by evaluate/report.py, and a dvclive folder (:mod:`distillpipe.tracking`: the
 headline scores for ``dvc exp show``):
 
-* ``metrics/students/<run>.json``: task metrics on each requested split for student and teacher, and
-  parameter counts with and without embeddings (CMOW paper Tables XII-XIII);
+* ``metrics/students/<run>.json``: task metrics on each requested split for student and teacher, parameter
+  counts with and without embeddings (CMOW paper Tables XII-XIII), and the prepared dataset's leakage report;
 * ``predictions/<run>.json``: the per-example records behind those metrics (evaluate/scoring.py) for
   student and teacher, from which the report draws bootstrap intervals and paired tests.
 
@@ -92,6 +92,8 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         "teacher": {"name": run.teacher, "dev": teacher_scores.get("dev"), "test": teacher_scores.get("test"),
                     "params": count_parameters(teacher)},
         "train": {k: record.get(k) for k in ("steps", "best_step", "init", "trainable_params")},
+        # how much dev/test share with train, shown beside the scores (prepare's report; absent for one split)
+        **({"leakage": leakage} if (leakage := read_meta(prepared_dir).get("leakage")) else {}),
     }
     _write_json(out_path, result, indent=2)
     _write_json(predictions_path, {
