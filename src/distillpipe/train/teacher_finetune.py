@@ -227,7 +227,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     if "test" in data:  # scored once here, so every student evaluation can show it without re-running the teacher
         test = score_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
                              cfg.regression_bin_width, prepared_dir, split="test",
-                             threshold=metrics.get("threshold"))  # QA: dev's null threshold
+                             threshold=metrics.get("tuned_threshold"))  # QA: dev's null threshold
         report["test"], predictions["test"] = test.metrics, test.examples
     _save(model, base_dir, out_dir, report, predictions)
     write_live(live_dir, summary=teacher_summary(_headline(task_type, meta), metrics, report.get("test")),
