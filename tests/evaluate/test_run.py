@@ -138,5 +138,7 @@ def test_a_recorded_qa_teacher_without_tuned_threshold_is_refused(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev, "threshold": 0.0}))
     with pytest.raises(ConfigError, match="tuned_threshold.*re-run teacher_finetune"):
         _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
-    (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev, "tuned_threshold": 0.0}))
-    assert _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})["dev"].metrics["tuned_threshold"] == 0.0
+    (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev,
+                                                       "tuned_threshold": 0.0}))
+    recorded = _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
+    assert recorded["dev"].metrics["tuned_threshold"] == 0.0

@@ -116,8 +116,9 @@ def test_each_output_term_is_its_formula():
     _, parts = Objective(_cfg({"hard": 1.0, "soft": 1.0}), kind="qa", signals=_signals(task="qa"), dims=dims)(
         out, tg, multipliers=AllOnes(), temperature=temp)
     keep = torch.tensor([False, True])  # the row without ground truth is left out of the span CE
-    assert torch.equal(parts["hard"], losses.span_ce(out.start_logits[keep], out.end_logits[keep],
-                                                     tg["start_positions"][keep], tg["end_positions"][keep], mask[keep]))
+    span_ce = losses.span_ce(out.start_logits[keep], out.end_logits[keep], tg["start_positions"][keep],
+                             tg["end_positions"][keep], mask[keep])
+    assert torch.equal(parts["hard"], span_ce)
     assert torch.equal(parts["soft"], losses.span_kd(out.start_logits, out.end_logits, tg[START_LOGITS],
                                                      tg[END_LOGITS], mask, temp))
 

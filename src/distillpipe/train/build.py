@@ -31,8 +31,8 @@ from distillpipe.students import build_student, load_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
 from distillpipe.train.data import Mixture, Source
 from distillpipe.train.objective import Objective, aligned_blocks, embedding_stage, probe_student, store_names
-from distillpipe.train.terms import check_names
 from distillpipe.train.schedule import Schedule, build_schedule
+from distillpipe.train.terms import check_names
 
 log = logging.getLogger(__name__)
 
