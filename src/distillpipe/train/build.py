@@ -125,13 +125,6 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
     }
 
 
-def identity_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
-    """Names of the identity fields that differ (all of them for a checkpoint without an identity)."""
-    if not isinstance(old, dict):
-        return ["identity (a checkpoint of an older version)"]
-    return [k for k in new if old.get(k) != new[k]]
-
-
 class Trainable(torch.nn.Module):
     """The student and the objective's learned projections as one module: what DDP wraps and the optimizer
     updates. ``forward`` returns (loss or None, the loss terms)."""
