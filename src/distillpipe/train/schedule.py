@@ -3,9 +3,9 @@
 At step ``step`` (0-based) of ``total_steps`` a :class:`Schedule` gives
 
 * ``weights(step)``: the multiplier of every loss term (the objective multiplies ``loss_weights[base]``
-  by it). Term names, from the table of terms (:data:`distillpipe.train.terms.TERMS`): its embedding terms
-  (``embedding``); ``<name>/<j>`` of its layer terms (``hidden``, ``attn``, ``attn_kl``) for student block j
-  (0-based); its output terms (``hard``, ``soft``, ``mlm_kd``, ``lm``);
+  by it). Term names come from the table of terms (:data:`distillpipe.train.terms.TERMS`): its embedding
+  terms (eq. (8): on from step 0); ``<name>/<j>`` of its layer terms for student block j (0-based), e.g.
+  ``hidden/0``; its output terms (the final phase);
 * ``temperature(step)``: the KD temperature;
 * ``lr_factor(step)``: the factor on the peak learning rate;
 * ``phase(step)``: a short name for logs.

@@ -7,7 +7,8 @@ A row gives a term's name; its scope (WaLDORf eq. (8): ``embedding`` alpha L_e, 
 chi_n, the slow build's final phase); the teacher-cache arrays it reads; what it needs of the student and the
 cache (checked before training, so a misconfiguration fails with a message instead of a shape error); and the
 function that wires a step's student output and targets to its formula, a pure function in
-:mod:`distillpipe.losses`. Adding a term: its formula in ``losses.py``, one row here, its test.
+:mod:`distillpipe.losses`. Adding a term: its formula in ``losses.py``, one row here, its test (a term with
+learned parameters, like ``hidden``'s W_h, also adds them to the objective, which owns them).
 
 Row order is the order of the terms in the objective's sum (float addition is not associative: reordering
 changes a run's bits) and of the arrays a run reads (part of a loader checkpoint).
