@@ -124,7 +124,7 @@ def test_qa_test_scores_use_the_dev_threshold(tmp_path):
     s = finetune_teacher("toy_qa", base, tokens, prepared, cfg, "cpu", tmp_path / "out", tmp_path / "ckpt",
                          tmp_path / "live")
     recorded = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert recorded["test"]["total"] == 24 and "threshold" in s.metrics
-    assert recorded["test"]["threshold"] == recorded["threshold"] == s.metrics["threshold"]
+    assert recorded["test"]["total"] == 24 and "tuned_threshold" in s.metrics
+    assert recorded["test"]["tuned_threshold"] == recorded["tuned_threshold"] == s.metrics["tuned_threshold"]
     live = json.loads((tmp_path / "live" / "metrics.json").read_text())
     assert live == {"dev": recorded["f1"], "test": recorded["test"]["f1"], "metric": "f1", "step": s.steps}

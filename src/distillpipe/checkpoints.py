@@ -2,7 +2,8 @@
 
 A checkpoint is one ``step-<n>.pt`` file written to a temp name and renamed into place, so a
 kill at any moment leaves either the old or the new checkpoint, never a torn one. Only the
-newest ``keep`` files are kept.
+newest ``keep`` files are kept. :func:`resume_or_restart` is the resume decision of every training
+loop: the newest checkpoint if the run that wrote it had the same identity, else a fresh start.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +63,34 @@ def load_latest(folder: str | Path) -> dict[str, Any] | None:
 def clear_checkpoints(folder: str | Path) -> None:
     for p in list_checkpoints(folder):
         p.unlink(missing_ok=True)
+
+
+def identity_changes(old: Any, new: dict[str, Any]) -> list[str]:
+    """Names of the identity fields that differ (all of them for a checkpoint without an identity)."""
+    if not isinstance(old, dict):
+        return ["identity (a checkpoint of an older version)"]
+    return [k for k in new if old.get(k) != new[k]]
+
+
+def resume_or_restart(folder: str | Path, identity: dict[str, Any] | str, *, key: str, covers: str = "",
+                      main: bool = True, barrier: Callable[[], None] | None = None) -> dict[str, Any] | None:
+    """The newest checkpoint in ``folder`` when the run that wrote it had this ``identity`` (which the checkpoint
+    holds under ``key``); otherwise None, with the folder's checkpoints removed and a warning naming what differs.
+
+    ``identity``: a dict of digests, whose changed fields are named; or one digest of everything, for which
+    ``covers`` says what went into it. Under torchrun every process calls this: ``main`` (rank 0) warns and
+    removes, after ``barrier`` has let every process read the checkpoint."""
+    state = load_latest(folder)
+    if state is None:
+        return None
+    old = state.get(key)
+    changed = identity_changes(old, identity) if isinstance(identity, dict) else [] if old == identity else [covers]
+    if not changed:
+        return state
+    if main:
+        log.warning("checkpoint in %s was made with other %s: starting over", folder, ", ".join(changed))
+    if barrier is not None:
+        barrier()  # every process has read it before the main one removes it
+    if main:
+        clear_checkpoints(folder)
+    return None

@@ -70,7 +70,9 @@ RESULTS = [
         "waldorf-qa",
         "waldorf",
         "wiki_qa",
-        {"exact": 34.04, "f1": 45.678, "HasAns_exact": 2.1, "NoAns_exact": 98.9},
+        {"exact": 34.04, "f1": 45.678, "HasAns_exact": 2.1, "NoAns_exact": 98.9, "tuned_threshold": -1.25,
+         "reachable_best_f1": 45.678, "reachable_best_exact": 34.5, "best_f1": 47.04, "best_f1_thresh": 0.0,
+         "best_exact": 35.0, "best_exact_thresh": 0.125},
         None,
         900.0,
         300.0,
@@ -180,6 +182,18 @@ def test_spec_tables_with_paper_column_and_missing_runs(rendered):
     ]
     assert "![Speed vs quality](speed_quality.png)" in text
     assert "Speed measured on cpu with batches of 256 random sequences of length 64." in text
+
+
+def test_qa_thresholds_table_names_the_applied_threshold_beside_the_official_ones(rendered):
+    text, _, _ = rendered
+    rows = _tables(text)["SQuAD v2 no-answer thresholds (dev)"]
+    # only the QA rows that recorded thresholds (the teacher here has none)
+    assert rows == [{"Run": "waldorf-qa", "Model": "waldorf", "tuned_threshold": "-1.25", "reachable_best_f1": "45.7",
+                     "reachable_best_exact": "34.5", "best_f1": "47.0", "best_f1_thresh": "0",
+                     "best_exact": "35.0", "best_exact_thresh": "0.125"}]
+    assert "official evaluate-v2.0.py" in text
+    md, png = rendered[1].with_name("no_qa.md"), rendered[2].with_name("no_qa.png")
+    assert "no-answer thresholds" not in render_results(RESULTS[:1], [], bootstrap=BOOT, out_md=md, out_png=png)
 
 
 def test_png_is_valid(rendered):

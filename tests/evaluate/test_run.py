@@ -69,16 +69,16 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     assert json.loads(out.read_text())["leakage"] == leakage and len(leakage["pairs"]) == 3
     # only test was asked for; dev is scored too, because test needs its threshold
     assert res["dev"] is not None and res["test"] is not None and res["test"]["total"] == 24
-    assert res["test"]["threshold"] == res["dev"]["threshold"]
-    assert res["teacher"]["test"]["threshold"] == res["teacher"]["dev"]["threshold"]
-    assert json.loads(out.read_text())["test"]["threshold"] == res["dev"]["threshold"]
+    assert res["test"]["tuned_threshold"] == res["dev"]["tuned_threshold"]
+    assert res["teacher"]["test"]["tuned_threshold"] == res["teacher"]["dev"]["tuned_threshold"]
+    assert json.loads(out.read_text())["test"]["tuned_threshold"] == res["dev"]["tuned_threshold"]
 
     # the same numbers as scoring test directly at dev's threshold
     model, _ = load_student(qa_student["student"], torch.device("cpu"))
     test = load_from_disk(str(qa_student["tokens"]))["test"]
     kw = {"kind": "qa", "pad_id": 0, "device": torch.device("cpu"), "batch_size": 8, "pairs": False,
           "dataset_meta": read_meta(qa_student["tokens"]), "prepared_dir": qa_student["prepared"], "split": "test"}
-    at_dev = evaluate_student(model, test, threshold=res["dev"]["threshold"], **kw)
+    at_dev = evaluate_student(model, test, threshold=res["dev"]["tuned_threshold"], **kw)
     assert at_dev["f1"] == pytest.approx(res["test"]["f1"]) and at_dev["exact"] == pytest.approx(res["test"]["exact"])
     # and a threshold tuned on test itself is its own (F1-best on test), which evaluate must not report
     tuned_on_test = evaluate_student(model, test, **kw)
@@ -138,3 +138,19 @@ def test_speed_stage_times_student_and_teacher_apart_from_the_scores(qa_student,
     assert res["student_sentences_per_s"] > 0 and res["teacher_sentences_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["student_sentences_per_s"] / res["teacher_sentences_per_s"])
     assert len(res["student"]["seconds"]) == 2 and res["seq_len"] == 16 and res["device"] == "cpu"
+
+
+def test_a_recorded_qa_teacher_without_tuned_threshold_is_refused(tmp_path):
+    """Teacher scores recorded before the field was named tuned_threshold must not let test be tuned on itself."""
+    from distillpipe.config.base import ConfigError
+    from distillpipe.evaluate.run import _recorded_teacher
+
+    dev = {"exact": 50.0, "f1": 50.0, "total": 2.0}
+    (tmp_path / "predictions.json").write_text(json.dumps({"tokens": "fp", "dev": []}))
+    (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev, "threshold": 0.0}))
+    with pytest.raises(ConfigError, match="tuned_threshold.*re-run teacher_finetune"):
+        _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
+    (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev,
+                                                       "tuned_threshold": 0.0}))
+    recorded = _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
+    assert recorded["dev"].metrics["tuned_threshold"] == 0.0

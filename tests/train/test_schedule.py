@@ -26,7 +26,7 @@ def active(weights: dict[str, float]) -> set[str]:
     return {t for t, w in weights.items() if w}
 
 
-OUT = {"soft", "hard", "mlm", "mlm_kd", "lm"}
+OUT = {"soft", "hard", "mlm_kd", "lm"}
 B0, B1, B2 = ({f"{t}/{j}" for t in ("hidden", "attn", "attn_kl")} for j in range(3))
 
 # tau* = 10, 3 blocks, 100 steps: stages start at 0, 10, 20, 30 and the final phase at 40.

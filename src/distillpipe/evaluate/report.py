@@ -24,7 +24,9 @@ Output, all deterministic (no timestamps, seeded resampling; the same inputs giv
    overlap between each dataset's splits (:mod:`distillpipe.evaluate.overlap`);
 2. one table per :class:`TableSpec` (a run it names that is absent is reported as "not run"), followed
    by its paired comparisons: difference, interval and test (:mod:`distillpipe.evaluate.intervals`);
-3. the PNG (:mod:`distillpipe.evaluate.plot`).
+3. where there are SQuAD v2 rows: dev's no-answer thresholds, the one applied (``tuned_threshold``) beside the
+   official script's ``best_*`` figures;
+4. the PNG (:mod:`distillpipe.evaluate.plot`).
 
 The tables and their number formats: :mod:`distillpipe.evaluate.tables`.
 """
@@ -43,6 +45,7 @@ from distillpipe.evaluate.overlap import overlap_section
 from distillpipe.evaluate.plot import TEACHER_PREFIX, plot_speed_quality
 from distillpipe.evaluate.tables import (
     NA,
+    QA_THRESHOLDS_CAPTION,
     SPLITS,
     Bootstrap,
     Row,
@@ -51,6 +54,7 @@ from distillpipe.evaluate.tables import (
     finite,
     main_table,
     plot_score,
+    qa_thresholds_table,
     spec_table,
 )
 
@@ -219,6 +223,9 @@ def render_results(
         if spec.caption:
             lines += [spec.caption, ""]
         lines += spec_table(spec, by_run, scorer)
+    thresholds = qa_thresholds_table(rows)
+    if thresholds:
+        lines += ["", "## SQuAD v2 no-answer thresholds (dev)", "", QA_THRESHOLDS_CAPTION, "", *thresholds]
     rel_png = Path(os.path.relpath(out_png, out_md.parent)).as_posix()
     lines += ["", "## Speed vs quality", "", f"![Speed vs quality]({rel_png})", ""]
     text = "\n".join(lines)

@@ -76,11 +76,11 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         dev_t = teacher_scored["dev"].metrics if "dev" in teacher_scored else {}
         student[split] = score_student(model, data[split], kind=task.kind, pad_id=task.pad_id, device=device,
                                        batch_size=cfg.batch_size, pairs=pairs, dataset_meta=meta,
-                                       prepared_dir=prepared_dir, split=split, threshold=dev_s.get("threshold"),
+                                       prepared_dir=prepared_dir, split=split, threshold=dev_s.get("tuned_threshold"),
                                        bin_width=task.bin_width)
         teacher_scored[split] = recorded.get(split) or score_teacher(
             teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, task.bin_width,
-            prepared_dir, split=split, threshold=dev_t.get("threshold"))
+            prepared_dir, split=split, threshold=dev_t.get("tuned_threshold"))
     student_scores = {k: v.metrics or None for k, v in student.items()}
     teacher_scores = {k: v.metrics or None for k, v in teacher_scored.items()}
 
@@ -118,6 +118,9 @@ def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
     if not rec.get("tokens") == preds.get("tokens") == meta["fingerprint"]:
         return {}
     dev = {k: v for k, v in rec.items() if k not in ("task", "tokens", "train_rows", "steps", "test")}
+    if meta["task_type"] == "qa" and "tuned_threshold" not in dev:
+        raise ConfigError(f"{metrics_path} has no 'tuned_threshold': an older distillpipe wrote it, whose SQuAD "
+                          "fields had other names; re-run teacher_finetune for this teacher (dvc repro)")
     out = {"dev": Scored(dev, preds.get("dev", []))}
     if rec.get("test"):
         out["test"] = Scored(rec["test"], preds.get("test", []))

@@ -1,9 +1,18 @@
 """SQuAD v2 evaluation: span post-processing over windows and the official EM/F1.
 
-The metric follows the official ``evaluate-v2.0.py`` exactly: answers are normalised (lowercase,
-punctuation and articles removed, whitespace collapsed); an unanswerable question's gold is the
-empty string; a question's score is the max over its gold answers; the no-answer threshold is
-applied to a per-question "no-answer score" and can be tuned on dev (``best_thresh``).
+The metric follows the official ``evaluate-v2.0.py`` (the SQuAD v2.0 evaluation script,
+https://rajpurkar.github.io/SQuAD-explorer/, "Evaluation Script v2.0") exactly: answers are normalised
+(lowercase, punctuation and articles removed, whitespace collapsed); an unanswerable question's gold is
+the empty string; a question's score is the max over its gold answers; a question abstains when its
+"no-answer score" (here the null margin, the script's ``na_prob``) exceeds the threshold.
+
+Two threshold sweeps on dev, reported side by side:
+
+* ``tuned_threshold``: the threshold we apply, on dev and then to test: the one at which F1 is the best
+  any threshold really reaches on dev (``reachable_best_*``, :func:`_reachable_best`);
+* ``best_exact``/``best_f1`` and their ``_thresh``: the official script's figures, transcribed from its
+  ``find_best_thresh``/``find_all_best_thresh`` (:func:`official_best`), so they compare with papers.
+  They can exceed what their threshold gives (see there).
 """
 
 from __future__ import annotations
@@ -111,29 +120,37 @@ def squad_v2_evaluate(examples: Sequence[Mapping], preds: Mapping[str, SpanPredi
     """(scores, per question ``{"id", "has_answer", "em", "f1", "span_em", "span_f1"}``: em/f1 at the threshold
     used, span_em/span_f1 of the best non-null span).
 
-    Scores: EM/F1 in %, the HasAns/NoAns breakdown and ``threshold``. ``threshold=None`` tunes it on
-    ``examples`` (the official ``best_f1_thresh`` sweep, done between distinct no-answer scores: see
-    :func:`_best_threshold`); scores are then reported at the F1-best threshold, and ``best_exact`` /
-    ``best_exact_thresh`` give EM at its own best threshold, as the official script reports them too.
-    With a given ``threshold`` (dev's, applied to test) there is no tuning and no ``best_exact``.
+    Scores (all EM/F1 in %): ``exact``, ``f1``, the HasAns/NoAns breakdown, all at ``tuned_threshold``, the
+    no-answer threshold applied. ``threshold=None`` (dev) tunes it on ``examples``: the threshold of the best F1
+    any threshold reaches (``reachable_best_f1``, equal to ``f1``); ``reachable_best_exact`` (and its
+    ``_thresh``) is EM's; and the official ``best_exact``, ``best_exact_thresh``, ``best_f1``,
+    ``best_f1_thresh`` are added (:func:`official_best`). With a given ``threshold`` (dev's, applied to test)
+    nothing is tuned and there are no ``best_*`` fields.
     """
     golds = {ex["id"]: gold_answers(ex["answers"]["text"]) for ex in examples}
-    has_ans = {qid: g != [""] for qid, g in golds.items()}
+    # official make_qid_to_has_ans: any gold at all, even one that normalises to empty (whose gold is then "")
+    has_ans = {ex["id"]: bool(ex["answers"]["text"]) for ex in examples}
     raw_em = {qid: max(exact_match(g, preds[qid].text) for g in gs) for qid, gs in golds.items()}
     raw_f1 = {qid: max(f1_score(g, preds[qid].text) for g in gs) for qid, gs in golds.items()}
-    margins = {qid: preds[qid].null_margin for qid in golds}
-    best_exact: dict[str, float] = {}
+    margins = {qid: preds[qid].null_margin for qid in golds}  # in the examples' order: official_best's ties
+    n = max(len(golds), 1)
+    tuned: dict[str, float] = {}
     if threshold is None:
-        threshold, _ = _best_threshold(raw_f1, margins, has_ans)
-        exact_thresh, exact_count = _best_threshold(raw_em, margins, has_ans)
-        best_exact = {"best_exact": 100 * exact_count / max(len(golds), 1), "best_exact_thresh": exact_thresh}
+        threshold, f1_count = _reachable_best(raw_f1, margins, has_ans)
+        exact_thresh, exact_count = _reachable_best(raw_em, margins, has_ans)
+        texts = {qid: preds[qid].text for qid in golds}
+        best_exact, best_exact_thresh = official_best(raw_em, texts, margins, has_ans)
+        best_f1, best_f1_thresh = official_best(raw_f1, texts, margins, has_ans)
+        tuned = {"reachable_best_exact": 100 * exact_count / n, "reachable_best_exact_thresh": exact_thresh,
+                 "reachable_best_f1": 100 * f1_count / n,
+                 "best_exact": best_exact, "best_exact_thresh": best_exact_thresh,
+                 "best_f1": best_f1, "best_f1_thresh": best_f1_thresh}
     em = {q: (float(not has_ans[q]) if margins[q] > threshold else raw_em[q]) for q in golds}
     f1 = {q: (float(not has_ans[q]) if margins[q] > threshold else raw_f1[q]) for q in golds}
-    n = max(len(golds), 1)
     has = [q for q in golds if has_ans[q]]
     no = [q for q in golds if not has_ans[q]]
     res = {"exact": 100 * sum(em.values()) / n, "f1": 100 * sum(f1.values()) / n, "total": len(golds),
-           "threshold": float(threshold), **best_exact}
+           "tuned_threshold": float(threshold), **tuned}
     if has:
         res |= {"HasAns_exact": 100 * np.mean([em[q] for q in has]), "HasAns_f1": 100 * np.mean([f1[q] for q in has]),
                 "HasAns_total": len(has),
@@ -149,12 +166,47 @@ def squad_v2_evaluate(examples: Sequence[Mapping], preds: Mapping[str, SpanPredi
     return {k: float(v) for k, v in res.items()}, per_question
 
 
-def _best_threshold(scores: Mapping[str, float], margins: Mapping[str, float],
+def official_best(raw: Mapping[str, float], texts: Mapping[str, str], margins: Mapping[str, float],
+                  has_ans: Mapping[str, bool]) -> tuple[float, float]:
+    """(best score in %, its threshold) as the official evaluate-v2.0.py's ``find_best_thresh`` computes them
+    (``best_exact``/``best_f1`` from ``find_all_best_thresh``), rule for rule:
+
+    * start from abstaining on every question (the count of unanswerable ones), threshold 0.0;
+    * walk the questions by ascending no-answer score (a stable sort: ties keep the examples' order, which is
+      the order of the script's na-prob file when it is written in dataset order), adding for each: its raw
+      score if answerable; else -1 if its predicted text is non-empty *as written* (``if preds[qid]``, not
+      normalised: "the" counts -1 although its raw EM/F1 against the empty gold is 1), else 0;
+    * keep a running total strictly greater than the best so far, with that question's score as threshold.
+
+    So the figure can exceed what its threshold gives: the walk may stop inside a group of tied scores (no
+    threshold answers part of a tie), and an unanswerable question answered with a text that normalises to
+    empty is charged -1 where answering it costs nothing. With nothing better than abstaining on everything
+    the threshold is 0.0, which need not abstain on everything. :func:`_reachable_best` picks the threshold we
+    apply."""
+    cur = best = sum(not v for v in has_ans.values())
+    best_thresh = 0.0
+    for qid in sorted(margins, key=lambda q: margins[q]):
+        if has_ans[qid]:
+            diff = raw[qid]
+        elif texts[qid]:
+            diff = -1
+        else:
+            diff = 0
+        cur += diff
+        if cur > best:
+            best, best_thresh = cur, margins[qid]
+    return 100.0 * best / max(len(raw), 1), float(best_thresh)
+
+
+def _reachable_best(scores: Mapping[str, float], margins: Mapping[str, float],
                     has_ans: Mapping[str, bool]) -> tuple[float, float]:
-    """(threshold, summed score at it): the official find_best_thresh sweep over the sorted no-answer
-    scores, with one correction: a threshold answers every question whose score is at or below it, so
-    it is only considered at the end of a group of equal scores. (The official script can stop inside
-    such a group and report a score that its threshold does not give; bf16 logits tie often.)"""
+    """(threshold, summed score at it): the best score any threshold really gives, and a threshold giving it.
+
+    The same walk as :func:`official_best` with what a threshold does: it answers every question whose score is
+    at or below it, so only the ends of groups of equal scores are candidates (bf16 logits tie often); an
+    answered unanswerable question scores its raw EM/F1 against the empty gold (1 for any text that normalises
+    to empty), so answering it costs ``1 - raw``; and when nothing beats abstaining on everything, the threshold
+    is one below the lowest score, which does abstain on everything."""
     num_no_ans = sum(not v for v in has_ans.values())
     cur = best = float(num_no_ans)  # threshold below every margin: everything predicted as no-answer
     best_thresh = min(margins.values(), default=0.0) - 1.0

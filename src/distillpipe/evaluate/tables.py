@@ -275,3 +275,33 @@ def spec_table(spec: TableSpec, by_run: Mapping[str, Row], scorer: Scorer) -> li
     if comparisons:
         lines += ["", *_table(COMPARISON_HEADER, comparisons)]
     return lines
+
+
+QA_THRESHOLDS_CAPTION = (
+    "SQuAD v2 EM/F1 above are at `tuned_threshold`, the no-answer threshold applied: the one at which dev F1 is "
+    "the best any threshold reaches (`reachable_best_f1`); test is scored at dev's. `best_exact`, `best_f1` and "
+    "their thresholds are the official evaluate-v2.0.py figures on dev, the ones papers quote: they can exceed "
+    "what their threshold gives (the official sweep can stop inside a group of tied no-answer scores, and charges "
+    "an unanswerable question answered with a text that normalises to empty, such as \"the\", as wrong)."
+)
+QA_THRESHOLDS_HEADER = ("Run", "Model", "tuned_threshold", "reachable_best_f1", "reachable_best_exact",
+                        "best_f1", "best_f1_thresh", "best_exact", "best_exact_thresh")
+
+
+def _threshold(x: Any) -> str:
+    return f"{x:.4g}" if finite(x) else NA
+
+
+def qa_thresholds_table(rows: Sequence[Row]) -> list[str]:
+    """Dev's no-answer thresholds and tuned scores of the SQuAD v2 rows that have them ([] when none does)."""
+    body = []
+    for row in rows:
+        dev = row.dev or {}
+        if row.task_type != "qa" or "tuned_threshold" not in dev:
+            continue
+        body.append([row.run, row.model, _threshold(dev["tuned_threshold"]),
+                     format_metric(dev.get("reachable_best_f1"), "qa"),
+                     format_metric(dev.get("reachable_best_exact"), "qa"),
+                     format_metric(dev.get("best_f1"), "qa"), _threshold(dev.get("best_f1_thresh")),
+                     format_metric(dev.get("best_exact"), "qa"), _threshold(dev.get("best_exact_thresh"))])
+    return _table(QA_THRESHOLDS_HEADER, body) if body else []

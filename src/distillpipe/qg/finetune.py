@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from distillpipe.assets import resolve_model, tokenizer_sha256, weights_sha256
-from distillpipe.checkpoints import clear_checkpoints, load_latest, save_checkpoint
+from distillpipe.checkpoints import clear_checkpoints, resume_or_restart, save_checkpoint
 from distillpipe.config.decoding import GreedyDecodingConfig
 from distillpipe.config.qg_finetune import QgFinetuneConfig, QgPretrainedModelConfig, QgScratchModelConfig
 from distillpipe.data.batching import length_batches, pad_sequences
@@ -200,12 +200,7 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
                               "base": weights_sha256(base_dir) if base_dir is not None else None,
                               "code": stage_code(CODE_STAGE), "device": device.type})
         epoch, step_in_epoch, step = 0, 0, 0
-        state = load_latest(ckpt_dir)
-        if state is not None and state.get("run_id") != run_id:
-            log.warning("checkpoint in %s is from other params, data, vocabulary, code or device: starting over",
-                        ckpt_dir)
-            clear_checkpoints(ckpt_dir)
-            state = None
+        state = resume_or_restart(ckpt_dir, run_id, key="run_id", covers="params, data, vocabulary, code or device")
         if state is not None:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

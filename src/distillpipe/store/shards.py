@@ -62,15 +62,6 @@ def file_record(path: Path) -> dict[str, Any] | None:
     return {"size": size, "sha256": digest.hexdigest()}
 
 
-def build_marker(root: Path, layout: list[ArraySpec], i: int, rows: tuple[int, int]) -> dict[str, Any]:
-    """The marker of shard ``i`` describing the files as they are on disk now."""
-    return {
-        "shard": i,
-        "rows": list(rows),
-        "files": {shard_key(s, i): file_record(root / shard_key(s, i)) for s in layout},
-    }
-
-
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file and ``os.replace`` (readers see old or new)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,9 @@ from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
 from distillpipe.train.data import Mixture, Source
-from distillpipe.train.objective import Objective, aligned_blocks, probe_student, store_names
+from distillpipe.train.objective import Objective, aligned_blocks, embedding_stage, probe_student, store_names
 from distillpipe.train.schedule import Schedule, build_schedule
+from distillpipe.train.terms import check_names
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +125,6 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
     }
 
 
-def identity_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
-    """Names of the identity fields that differ (all of them for a checkpoint without an identity)."""
-    if not isinstance(old, dict):
-        return ["identity (a checkpoint of an older version)"]
-    return [k for k in new if old.get(k) != new[k]]
-
-
 class Trainable(torch.nn.Module):
     """The student and the objective's learned projections as one module: what DDP wraps and the optimizer
     updates. ``forward`` returns (loss or None, the loss terms)."""
@@ -205,6 +199,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     input vectors (ELMo-C); its digest joins the run's identity."""
     from datasets import load_from_disk
 
+    check_names(run.objective, f"run {name}: objective")
     tokens_dir = Path(tokens_dir)
     meta = read_meta(tokens_dir)
     group, dev = join(device)
@@ -273,7 +268,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     data.set_epoch(0)
     total = sum(per_epoch) if opt.max_steps is None else min(sum(per_epoch), opt.max_steps)
     schedule = build_schedule(run.objective.schedule, blocks=aligned_blocks(run.objective), total_steps=max(total, 1),
-                              embedding_stage=bool(run.objective.loss_weights.get("embedding")))
+                              embedding_stage=embedding_stage(run.objective))
     splits = load_from_disk(str(tokens_dir))
     if "dev" not in splits:
         raise TrainDataError(f"{tokens_dir} has no dev split: the loop evaluates (and early-stops) on dev; give the "

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distillpipe.checkpoints import clear_checkpoints, load_latest, save_checkpoint
+from distillpipe.checkpoints import clear_checkpoints, resume_or_restart, save_checkpoint
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
 from distillpipe.data.collate import collate
@@ -56,7 +56,7 @@ from distillpipe.scale.ddp import leave
 from distillpipe.store.reader import open_store
 from distillpipe.students import save_student
 from distillpipe.tracking import train_summary, write_live
-from distillpipe.train.build import TrainingRun, build_run, identity_changes
+from distillpipe.train.build import TrainingRun, build_run
 from distillpipe.train.data import Source
 
 log = logging.getLogger(__name__)
@@ -81,16 +81,7 @@ class RunSummary:
 
 def restore(r: TrainingRun) -> bool:
     """Resume from the newest checkpoint of the same identity (True), or start over, naming what changed."""
-    state = load_latest(r.ckpt_dir)
-    if state is not None:
-        changed = identity_changes(state.get("identity"), r.identity)
-        if changed:
-            if r.group.main:
-                log.warning("checkpoint in %s was made with other %s: starting over", r.ckpt_dir, ", ".join(changed))
-            _barrier(r)  # every rank has read it before rank 0 removes it
-            if r.group.main:
-                clear_checkpoints(r.ckpt_dir)
-            state = None
+    state = resume_or_restart(r.ckpt_dir, r.identity, key="identity", main=r.group.main, barrier=lambda: _barrier(r))
     if state is None:
         return False
     for source in r.sources:  # every byte the resumed run reads must be what the first part read

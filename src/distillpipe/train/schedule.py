@@ -3,9 +3,9 @@
 At step ``step`` (0-based) of ``total_steps`` a :class:`Schedule` gives
 
 * ``weights(step)``: the multiplier of every loss term (the objective multiplies ``loss_weights[base]``
-  by it). Term names: ``embedding``; ``hidden/<j>``, ``attn/<j>`` and ``attn_kl/<j>`` for student block j
-  (0-based);
-  ``soft`` (teacher-logit KD) and ``hard`` (ground truth); ``mlm`` and ``mlm_kd`` (MLM runs);
+  by it). Term names come from the table of terms (:data:`distillpipe.train.terms.TERMS`): its embedding
+  terms (eq. (8): on from step 0); ``<name>/<j>`` of its layer terms for student block j (0-based), e.g.
+  ``hidden/0``; its output terms (the final phase);
 * ``temperature(step)``: the KD temperature;
 * ``lr_factor(step)``: the factor on the peak learning rate;
 * ``phase(step)``: a short name for logs.
@@ -27,20 +27,18 @@ from collections.abc import Sequence
 
 from distillpipe.config.base import ConfigError
 from distillpipe.config.run import AllAtOnceConfig, ScheduleConfig, SlowBuildConfig
+from distillpipe.train.terms import EMBEDDING_TERMS, LAYER_TERMS, OUTPUT_TERMS
 
 log = logging.getLogger(__name__)
 
-OUTPUT_TERMS = ("soft", "hard", "mlm", "mlm_kd", "lm")
-"""Terms on the student's outputs; the slow build adds them in its final phase (eq. (8): chi_n)."""
 
-
-def block_terms(j: int) -> tuple[str, str, str]:
+def block_terms(j: int) -> tuple[str, ...]:
     """The loss terms of student block j: WaLDORf eqs. (2) and (4), MiniALBERT's attention KL (eq. 7)."""
-    return f"hidden/{j}", f"attn/{j}", f"attn_kl/{j}"
+    return tuple(f"{name}/{j}" for name in LAYER_TERMS)
 
 
 def all_terms(blocks: Sequence[int]) -> list[str]:
-    return ["embedding"] + [t for j in blocks for t in block_terms(j)] + list(OUTPUT_TERMS)
+    return [*EMBEDDING_TERMS, *(t for j in blocks for t in block_terms(j)), *OUTPUT_TERMS]
 
 
 class Weights(dict):
@@ -150,13 +148,13 @@ class SlowBuild(Schedule):
 
     def weights(self, step: int) -> dict[str, float]:
         s = self.stage(step)
-        w = Weights(embedding=1.0)  # eq. (8): alpha L_e has no chi, on from step 0
+        w = Weights.fromkeys(EMBEDDING_TERMS, 1.0)  # eq. (8): alpha L_e has no chi, on from step 0
         for k, j in enumerate(self.blocks):
             on = float(step >= (k + self.first) * self.tau)  # eq. (9): chi_j(tau) = Theta(tau - (j + 1) tau*)
             for t in block_terms(j):
                 w[t] = on
-        for t in OUTPUT_TERMS:
-            w[t] = float(s == self.n_blocks + 1)  # chi_n: the final phase
+        for t in OUTPUT_TERMS:  # eq. (8): chi_n, the final phase
+            w[t] = float(s == self.n_blocks + 1)
         return w
 
     def _final_progress(self, step: int) -> float:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
-from distillpipe.checkpoints import clear_checkpoints, load_latest, save_checkpoint
+from distillpipe.checkpoints import clear_checkpoints, resume_or_restart, save_checkpoint
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta, regression_bins
@@ -162,12 +162,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
                           "code": stage_code(CODE_STAGE), "device": dev_device.type})
     epoch, step_in_epoch, step = 0, 0, 0
     steps_log: list[tuple[int, dict[str, float]]] = []  # (step, loss and lr): checkpointed, so a resume keeps it
-    state = load_latest(ckpt_dir)
-    if state is not None and state.get("run_id") != run_id:
-        log.warning("checkpoint in %s is from other params, data, base weights, code or device: starting over",
-                    ckpt_dir)
-        clear_checkpoints(ckpt_dir)
-        state = None
+    state = resume_or_restart(ckpt_dir, run_id, key="run_id", covers="params, data, base weights, code or device")
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -227,7 +222,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     if "test" in data:  # scored once here, so every student evaluation can show it without re-running the teacher
         test = score_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
                              cfg.regression_bin_width, prepared_dir, split="test",
-                             threshold=metrics.get("threshold"))  # QA: dev's null threshold
+                             threshold=metrics.get("tuned_threshold"))  # QA: dev's null threshold
         report["test"], predictions["test"] = test.metrics, test.examples
     _save(model, base_dir, out_dir, report, predictions)
     write_live(live_dir, summary=teacher_summary(_headline(task_type, meta), metrics, report.get("test")),
