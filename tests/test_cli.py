@@ -67,4 +67,7 @@ def test_inspect_and_verify(tmp_path):
         assert expected in res.output, expected
     (tmp_path / "s.zarr" / "hidden" / "L2" / "c" / "1" / "0" / "0").write_bytes(b"garbage")
     res = runner.invoke(app, ["inspect", str(tmp_path / "s.zarr"), "--verify"])
-    assert res.exit_code == 1 and "shard 1" in res.output
+    assert res.exit_code == 2 and "shard 1: hidden/L2/c/1/0/0" in res.stderr  # as training exits for the damage
+    assert f"dvc checkout --force {tmp_path / 's.zarr'}" in res.stderr
+    assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: teacher cache {tmp_path / 's.zarr'} is damaged (1 shard(s)):"]
