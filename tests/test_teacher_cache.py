@@ -138,6 +138,30 @@ def test_reader_refuses_a_stale_cache_naming_the_field(tiny, tmp_path):
     assert "tokens_fingerprint" in str(e.value) and "signals.hidden_layers" in str(e.value)
 
 
+def test_a_second_writer_is_refused_before_its_teacher_loads(tiny, tmp_path, monkeypatch):
+    """The lock comes first: a driver that cannot write the store never loads its teacher (at BERT-Large size, a GPU
+    load for nothing); the driver that gets the lock loads the teacher and builds under that same lock."""
+    from distillpipe.store.lock import StoreLock, StoreLocked, writer_active
+    from distillpipe.teacher import cache
+
+    loads, real = [], cache.load_teacher
+
+    def load_teacher(*args, **kwargs):
+        loads.append(writer_active(out))  # who holds the store's lock while the teacher loads
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "load_teacher", load_teacher)
+    monkeypatch.setattr(cache, "_LOADED", None)  # no teacher kept from an earlier test
+    out = tmp_path / "s.zarr"
+    with StoreLock(out):  # the first writer (another open file description: flock refuses it like another process)
+        with pytest.raises(StoreLocked, match="being written by another process"):
+            build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, out, cpu_threads=1)
+    assert loads == [] and not out.exists()
+    s = build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, out, cpu_threads=1)
+    assert s.store.rows == 100 and len(loads) == 1 and f"pid {os.getpid()}" in loads[0]  # loaded under its lock
+    assert writer_active(out) is None  # released at the end
+
+
 def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
     """run_shards with several writer threads (shards written concurrently, arrays assembled in the writers'
     threads) leaves exactly the files of one writer, and of the stage itself."""

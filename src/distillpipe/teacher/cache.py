@@ -7,7 +7,7 @@ where the next shard's compute overlaps the previous shard's writing) or as one 
 the machine's cluster (:mod:`distillpipe.scale.cluster`); a worker process loads the teacher once and
 keeps it for every shard it gets.
 
-The driver holds the store's lock (one writer per store), first asks a worker (or this process) how it
+The driver takes the store's lock (one writer per store) before anything else, then asks a worker (or this process) how it
 loads the teacher, builds the manifest from the answer (teacher weights and tokenizer, tokens content,
 split, signals, compute precision and batch size, the producing code), creates or resumes the store,
 hands out the pending shards and folds their markers into the manifest. A worker refuses a shard when
@@ -42,6 +42,7 @@ from distillpipe.progress import Progress
 from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
 from distillpipe.scale.machine import ClusterSettings
+from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.resume import create_or_resume
 from distillpipe.store.schema import ROW_INDEX, SignalSpec
@@ -307,7 +308,17 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
                         cluster: ClusterSettings | None = None) -> CacheSummary:
     """Create or resume ``out`` and compute every shard not yet complete: in this process (``cluster`` None or
     ``inprocess``) or as one dask task per shard on the cluster (a machine setting, never a param: it changes
-    no byte)."""
+    no byte). The store's lock is taken first, before the teacher loads: a second writer of the store is refused
+    at once, not after loading a teacher (a GPU load for nothing at BERT-Large size); this process keeps it
+    through the build."""
+    with StoreLock(out) as lock:
+        return _build_locked(name, tokens_dir, teacher_dir, cfg, device, batch_size, shard_rows, out, lock,
+                             cpu_threads=cpu_threads, cluster=cluster)
+
+
+def _build_locked(name: str, tokens_dir: str | Path, teacher_dir: str | Path, cfg: TeacherCacheDatasetConfig,
+                  device: str, batch_size: int, shard_rows: int, out: str | Path, lock: StoreLock, *, cpu_threads: int,
+                  cluster: ClusterSettings | None) -> CacheSummary:
     t0 = time.time()
     tokens_dir, teacher_dir, out = Path(tokens_dir), Path(teacher_dir), Path(out)
     meta = read_meta(tokens_dir)
@@ -335,7 +346,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             code=job.code, n_rows=len(rows), shard_rows=shard_rows,
             row_subset=None if subset is None else {"max_rows": len(subset), "rule": "evenly_spaced"})
         job = replace(job, n_rows=len(rows), shard_rows=shard_rows, spec=spec, compute=facts.compute)
-        with create_or_resume(out, manifest) as writer:
+        with create_or_resume(out, manifest, lock=lock) as writer:
             pending = writer.pending_shards()
             n_shards = manifest.n_shards
             if len(pending) < n_shards:
