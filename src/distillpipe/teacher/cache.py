@@ -396,11 +396,13 @@ def disk_full_message(name: str, out: Path, manifest: Manifest, rows: Any) -> It
         lengths = np.asarray(part.with_format("arrow")["length"].to_numpy(zero_copy_only=False), dtype=np.int64)
         need = estimated_bytes(manifest.signals, lengths, masked_counts(part) if manifest.signals.mlm_topk else None)
         _, free = free_space(out)
+        needs = (f"needs ~{fmt_bytes(need)} more for its {len(pending)} unfinished shard(s) of {manifest.n_shards} "
+                 "(distillpipe plan's estimate of their bytes on disk)" if pending else
+                 "has every shard written but could not save its manifest (a few kB)")
         raise DiskFull(
-            f"no space left on device writing {cause.filename or out}: the teacher cache {out} needs "
-            f"~{fmt_bytes(need)} more for its {len(pending)} unfinished shard(s) of {manifest.n_shards} (distillpipe "
-            f"plan's estimate of their bytes on disk) and {fmt_bytes(free)} is free on its disk. Make that room there "
-            f"(or move the store to a larger disk), then run `dvc repro teacher_cache@{name}` again"
+            f"no space left on device writing {cause.filename or out}: the teacher cache {out} {needs} and "
+            f"{fmt_bytes(free)} is free on its disk. Make that room there (or move the store to a larger disk), then "
+            f"run `dvc repro teacher_cache@{name}` again"
             + (f": its {len(done)} complete shard(s) are kept and only the others are computed" if done else "")
             ) from e
 
