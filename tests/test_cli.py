@@ -67,4 +67,38 @@ def test_inspect_and_verify(tmp_path):
         assert expected in res.output, expected
     (tmp_path / "s.zarr" / "hidden" / "L2" / "c" / "1" / "0" / "0").write_bytes(b"garbage")
     res = runner.invoke(app, ["inspect", str(tmp_path / "s.zarr"), "--verify"])
-    assert res.exit_code == 1 and "shard 1" in res.output
+    assert res.exit_code == 2 and "shard 1: hidden/L2/c/1/0/0" in res.stderr  # as training exits for the damage
+    assert f"dvc checkout --force {tmp_path / 's.zarr'}" in res.stderr
+    assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: teacher cache {tmp_path / 's.zarr'} is damaged (1 shard(s)):"]
+
+
+def test_a_full_disk_nobody_described_is_one_error_line_exit_2(tmp_path, capsys):
+    """Any command: an OSError saying the disk or the quota is full, even wrapped (torch.save raises a RuntimeError
+    while handling it), exits 2 with one line naming the file and the space free; any other error keeps its
+    traceback."""
+    import errno
+
+    import pytest
+    import typer
+
+    from distillpipe.commands.base import user_errors
+
+    target = tmp_path / "out" / "model.pt"
+
+    @user_errors
+    def full(code):
+        try:
+            raise OSError(code, "No space left on device", str(target))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534") from None
+
+    for code in (errno.ENOSPC, errno.EDQUOT):
+        with pytest.raises(typer.Exit) as e:
+            full(code)
+        assert e.value.exit_code == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: No space left on device writing {target} (")
+        assert f"MB free on {tmp_path})" in err[0] and "then run the command again" in err[0]
+    with pytest.raises(RuntimeError):
+        user_errors(lambda: (_ for _ in ()).throw(RuntimeError("a bug")))()  # not a full disk: a traceback

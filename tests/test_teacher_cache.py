@@ -3,6 +3,7 @@ to bitwise-identical files recomputing only unfinished shards, and changed param
 
 import filecmp
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,30 @@ def test_reader_refuses_a_stale_cache_naming_the_field(tiny, tmp_path):
     assert "tokens_fingerprint" in str(e.value) and "signals.hidden_layers" in str(e.value)
 
 
+def test_a_second_writer_is_refused_before_its_teacher_loads(tiny, tmp_path, monkeypatch):
+    """The lock comes first: a driver that cannot write the store never loads its teacher (at BERT-Large size, a GPU
+    load for nothing); the driver that gets the lock loads the teacher and builds under that same lock."""
+    from distillpipe.store.lock import StoreLock, StoreLocked, writer_active
+    from distillpipe.teacher import cache
+
+    loads, real = [], cache.load_teacher
+
+    def load_teacher(*args, **kwargs):
+        loads.append(writer_active(out))  # who holds the store's lock while the teacher loads
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "load_teacher", load_teacher)
+    monkeypatch.setattr(cache, "_LOADED", None)  # no teacher kept from an earlier test
+    out = tmp_path / "s.zarr"
+    with StoreLock(out):  # the first writer (another open file description: flock refuses it like another process)
+        with pytest.raises(StoreLocked, match="being written by another process"):
+            build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, out, cpu_threads=1)
+    assert loads == [] and not out.exists()
+    s = build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(), "cpu", 8, SHARD, out, cpu_threads=1)
+    assert s.store.rows == 100 and len(loads) == 1 and f"pid {os.getpid()}" in loads[0]  # loaded under its lock
+    assert writer_active(out) is None  # released at the end
+
+
 def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
     """run_shards with several writer threads (shards written concurrently, arrays assembled in the writers'
     threads) leaves exactly the files of one writer, and of the stage itself."""
@@ -252,3 +277,110 @@ def test_param_change_rebuilds_and_says_so(tiny, tmp_path):
     assert "computed 100 rows" in res.stdout
     st = open_store(tmp_path / "s.zarr")
     assert "hidden/L1" not in st.arrays and "hidden/L2" in st.arrays
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+def _cli_in_process(tiny, params, out):
+    from typer.testing import CliRunner
+
+    from distillpipe.cli import app
+
+    return CliRunner().invoke(app, ["teacher-cache", "--dataset", "toy", "--tokens", str(tiny["mlm"]), "--teacher",
+                                    str(tiny["base"]), "--out", str(out), "--params", str(params)])
+
+
+def _unit(text):
+    number, unit = re.search(r"needs ~([\d.,]+) (B|kB|MB|GB)", text).groups()
+    return float(number.replace(",", "")) * {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+
+
+def test_full_disk_stops_with_one_message_and_resumes_to_identical_bytes(tiny, tmp_path, monkeypatch):
+    """A disk that fills up while the store is created, or half-way through its shards: exit 2 with one `error:` line
+    naming the store, the space its unfinished shards need (distillpipe plan's estimate, checked against the bytes they
+    really take) and the space free; no shard counted complete that is not, no partial file left; once the space is
+    back, the same command resumes to the bytes of a build that never stopped."""
+    from _fulldisk import FullDisk
+
+    from distillpipe.store.shards import read_marker
+
+    params = _params(tmp_path)
+    ref = tmp_path / "ref.zarr"
+    assert _cli_in_process(tiny, params, ref).exit_code == 0
+    data_bytes = sum(p.stat().st_size for p in ref.rglob("*") if p.is_file())
+    for budget in (1_500, data_bytes // 2):  # in the arrays' metadata; after some shards
+        out = tmp_path / f"at{budget}" / "s.zarr"
+        with monkeypatch.context() as m:
+            disk = FullDisk(out.parent, budget).install(m)
+            res = _cli_in_process(tiny, params, out)
+        assert disk.failed, budget  # the disk did fill up
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(f"error: no space left on device writing {out}"), res.stderr
+        assert "dvc repro teacher_cache@toy" in errors[0] and " is free on its disk" in errors[0]
+        marked = {int(p.stem) for p in (out / "shards_done").glob("*.json")}
+        unfinished = [i for i in range(7) if i not in marked]
+        assert f"for its {len(unfinished)} unfinished shard(s) of 7" in errors[0]
+        really = sum(rec["size"] for i in unfinished for rec in read_marker(ref, i)["files"].values() if rec)
+        assert 0.75 < _unit(errors[0]) / really < 1.35, (errors[0], really)
+        assert not list(out.parent.rglob("*.partial"))
+        if marked:  # what counts as complete is complete: every marked shard matches its files, byte for byte
+            st = open_store(out, allow_incomplete=True)
+            assert set(st.manifest.completed_shards) <= marked and st.verify(checksum=True) == {}
+        res = _cli_in_process(tiny, params, out)  # the space is back
+        assert res.exit_code == 0, res.output
+        assert f"computed {sum(min(SHARD, 100 - SHARD * i) for i in unfinished)} rows" in res.stdout
+        assert _tree(out) == _tree(ref)
+        for f in _tree(ref):
+            assert filecmp.cmp(out / f, ref / f, shallow=False), (budget, f)
+
+
+def _user_namespaces() -> bool:
+    """Whether this machine lets a process mount a filesystem of its own (unshare -rm: a user and mount namespace,
+    no root needed where unprivileged user namespaces are allowed)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow  # ~30 s: two builds as processes
+@pytest.mark.skipif(not _user_namespaces(), reason="needs unshare -rm (user namespaces) to mount a small tmpfs")
+def test_a_real_small_filesystem_fills_up_then_grows(tiny, tmp_path):
+    """The same as the injected full disk, on a real filesystem: a tmpfs of half the store's size, mounted in a
+    private mount namespace, fills up under the build; grown, the build resumes to the bytes of an unstopped one."""
+    params = _params(tmp_path)
+    ref = tmp_path / "ref.zarr"
+    assert _cli_in_process(tiny, params, ref).exit_code == 0
+    used = int(subprocess.run(["du", "-sk", str(ref)], capture_output=True, text=True).stdout.split()[0])  # KiB
+    mnt, res = tmp_path / "mnt", tmp_path / "res"
+    mnt.mkdir()
+    res.mkdir()
+    build = (f"{sys.executable} -m distillpipe.cli teacher-cache --dataset toy --tokens {tiny['mlm']} --teacher "
+             f"{tiny['base']} --out {mnt}/s.zarr --params {params}")
+    script = f"""
+        mount -t tmpfs -o size={used // 2}k tmpfs {mnt}
+        {build} > {res}/1.out 2> {res}/1.err; echo $? > {res}/1.rc
+        cp -a {mnt}/s.zarr {res}/full || true
+        mount -o remount,size={4 * used}k {mnt}
+        {build} > {res}/2.out 2> {res}/2.err; echo $? > {res}/2.rc
+        cp -a {mnt}/s.zarr {res}/final
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, check=True, timeout=600)
+    err = (res / "1.err").read_text()
+    assert (res / "1.rc").read_text().strip() == "2" and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"error: no space left on device writing {mnt}/s.zarr" in errors[0], err[-3000:]
+    assert "more for its" in errors[0] and "unfinished shard(s) of 7" in errors[0]
+    full = res / "full"
+    if (full / "zarr.json").exists() and (full / "shards_done").is_dir():  # what counts as complete is complete
+        st = open_store(full, allow_incomplete=True)
+        assert st.verify(checksum=True) == {}
+    assert not list(full.rglob("*.partial"))
+    assert (res / "2.rc").read_text().strip() == "0", (res / "2.err").read_text()[-3000:]
+    final = res / "final"
+    assert _tree(final) == _tree(ref)
+    for f in _tree(ref):
+        assert filecmp.cmp(final / f, ref / f, shallow=False), f

@@ -8,7 +8,8 @@ imports that would hide an edge). ``tests/test_layers.py`` checks every import a
 __version__ = "0.1.0"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "identity", "progress", "runtime", "checkpoints", "pooling", "tracking"),  # plain helpers
+    ("errors",),            # UserError and what a full disk looks like: every layer may raise them
+    ("identity", "progress", "runtime", "checkpoints", "pooling", "tracking"),  # plain helpers
     ("config",),            # params.yaml sections as dataclasses
     ("assets",),            # where models, tokenizers and packaged data come from
     ("store",),             # the teacher cache's on-disk format: schema, manifest, writer, reader, loader

@@ -98,8 +98,12 @@ def test_settings_checks(reference_store):
                     streams=1)
     with pytest.raises(ValueError, match="batch_size=24 must be a multiple of loader.streams=5"):
         _loader(reference_store, streams=5)
-    with pytest.raises(ValueError, match="loader.streams=3 must be a multiple of the 2 training processes"):
+    with pytest.raises(ValueError, match=r"loader.streams=3 does not fit 2 training processes.*Set loader.streams "
+                                         r"to 1 or 2 in params.yaml"):
         _loader(reference_store, streams=3, world=2)
+    with pytest.raises(ValueError, match=r"batch_size=24 cannot be split equally over 5 training processes.*"
+                                         r"Set batch_size to a multiple of 5 \(e.g. 25\)"):
+        _loader(reference_store, streams=1, world=5)
     with pytest.raises(ValueError, match="num_workers=2 must be 0 or divide the 3 stream"):
         _loader(reference_store, streams=3, num_workers=2)
     with pytest.raises(ValueError, match="loader.streams=4 is more than the 3 windows"):
@@ -148,6 +152,37 @@ def test_processes_read_only_their_streams_and_together_give_the_one_process_bat
                     joined = np.concatenate([x[name] for _, x in local])
                     assert np.array_equal(joined, arrays[name])
                     assert np.array_equal(joined, ref[name][(rows - 1000) // 3])
+
+
+def test_processes_sharing_a_stream_together_give_the_one_process_batches(reference_store):
+    """More processes than streams (the embedded params' streams: 1 under DISTILLPIPE_NPROC=2, 4, 8): the processes
+    of a stream each take an equal slice of its sub-batches; in rank order they give the one-process batches, all
+    but a one-stream epoch's short last batch (it cannot be split equally), and a resumed rank goes on exactly."""
+    ref = full_arrays(tiny_manifest())
+    for streams, world in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8)):
+        one = _loader(reference_store, streams=streams, buffer_blocks=1)
+        single = [_epoch(one) for _ in range(2)]
+        ranks = [_loader(reference_store, streams=streams, buffer_blocks=1, world=world, rank=r) for r in range(world)]
+        parts = [[_epoch(loader) for _ in range(2)] for loader in ranks]
+        for epoch in range(2):
+            full = [b for b in single[epoch] if len(b[0]) == 24]
+            assert len(full) == len(single[epoch]) - (streams == 1)  # 500 rows: 20 batches of 24 and one of 20
+            assert [len(p[epoch]) for p in parts] == [len(full)] * world  # lock step, no short batch
+            for t, (rows, arrays) in enumerate(full):
+                local = [parts[r][epoch][t] for r in range(world)]
+                assert [len(r) for r, _ in local] == [24 // world] * world  # equal local batches: DDP averages them
+                assert np.array_equal(np.concatenate([r for r, _ in local]), rows)
+                for name in NAMES:
+                    joined = np.concatenate([x[name] for _, x in local])
+                    assert np.array_equal(joined, arrays[name])
+                    assert np.array_equal(joined, ref[name][(rows - 1000) // 3])
+    loader = _loader(reference_store, streams=1, buffer_blocks=1, world=4, rank=3)
+    straight = _epoch(loader)
+    loader = _loader(reference_store, streams=1, buffer_blocks=1, world=4, rank=3)
+    head = list(itertools.islice(iter(loader), 7))
+    resumed = _loader(reference_store, streams=1, buffer_blocks=1, world=4, rank=3)
+    resumed.load_state_dict(loader.state_dict())
+    _assert_same(head + _epoch(resumed), straight)
 
 
 def test_spawn_workers_give_the_same_batches_and_resume_exactly(reference_store):

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -76,7 +77,38 @@ def test_open_checks_every_completed_shards_files(store_copy):
         open_store(store_copy)
     msg = str(err.value)
     assert "shard 0: logits/c/0/0: missing" in msg and "shard 1: hidden/L3/c/1/0/0:" in msg and "truncated" in msg
-    assert f"dvc checkout {store_copy}" in msg
+    assert f"dvc checkout --force {store_copy}" in msg
+
+
+@pytest.mark.slow  # ~15 s: eight DVC commands
+def test_the_damage_message_restores_with_commands_dvc_runs(store_copy, tmp_path):
+    """The fix the message gives is run as written in a real DVC repository: DVC refuses a plain `dvc checkout`
+    (and `dvc pull`) of a changed file without --force, so the message must carry it."""
+    import shlex
+
+    from _dvc import DVC, sh
+
+    sh(tmp_path, "git", "init", "-q")
+    sh(tmp_path, DVC, "init", "-q")
+    sh(tmp_path, DVC, "remote", "add", "-d", "team", str(tmp_path.parent / f"{tmp_path.name}-remote"))
+    sh(tmp_path, DVC, "add", "-q", store_copy.name)
+    sh(tmp_path, DVC, "push", "-q")
+    good = {p.relative_to(store_copy): p.read_bytes() for p in store_copy.rglob("*") if p.is_file()}
+    for cache_emptied in (False, True):  # from the DVC cache; from the remote when the cache lacks it
+        if cache_emptied:
+            sh(tmp_path, "rm", "-rf", ".dvc/cache")
+        target = store_copy / "hidden/L1/c/2/0/0"
+        target.write_bytes(target.read_bytes()[:-5])
+        with pytest.raises(StoreDamaged) as err:
+            open_store(store_copy)
+        commands = re.findall(r"`(dvc (?:checkout|pull) [^`]+)`", str(err.value))
+        assert commands == [f"dvc checkout --force {store_copy}", f"dvc pull --force {store_copy}"]
+        res = sh(tmp_path, *shlex.split(commands[int(cache_emptied)]))
+        assert open_store(store_copy, verify=True).manifest.complete, res.stderr
+        assert {p.relative_to(store_copy): p.read_bytes() for p in store_copy.rglob("*") if p.is_file()} == good
+    assert sh(tmp_path, DVC, "checkout", str(store_copy), check=False).returncode == 0  # nothing to do: no error
+    target.write_bytes(b"garbage")
+    assert sh(tmp_path, DVC, "checkout", str(store_copy), check=False).returncode != 0  # why --force is needed
 
 
 def test_flipped_bytes_are_refused_on_read_and_by_verify(store_copy):

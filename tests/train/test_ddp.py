@@ -5,6 +5,7 @@ and the next run resumes every rank to the very weights of an uninterrupted 2-pr
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,54 @@ OBJECTIVE = {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine"
                           "temperature_decay": False}}
 
 
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+
+
+def test_the_embedded_params_fit_1_2_4_and_8_processes():
+    """Every student run of the embedded params.yaml (loader streams: 1) can be read by 1, 2, 4 and 8 training
+    processes: each process a slice of the one stream's batches (tests/store/test_store_loader.py checks that the
+    slices give the one-process batches)."""
+    from distillpipe.config.base import load_section
+    from distillpipe.config.finetune import FinetuneConfig
+    from distillpipe.config.train import TrainConfig
+    from distillpipe.config.train_aug import TrainAugConfig
+    from distillpipe.config.train_lm import TrainLMConfig
+    from distillpipe.store.loader import check_processes
+
+    runs = 0
+    for section, cls in (("train", TrainConfig), ("train_aug", TrainAugConfig), ("train_lm", TrainLMConfig),
+                         ("finetune", FinetuneConfig)):
+        cfg = load_section(PARAMS, section, cls)
+        for run in cfg.runs.values():
+            for world in (1, 2, 4, 8):
+                check_processes(cfg.loader.streams, world, run.optim.batch_size)
+            runs += 1
+    assert runs >= 15
+
+
+def test_a_process_count_that_does_not_fit_is_one_message_naming_the_value_to_set(toy, tmp_path, monkeypatch):
+    """Refused before torchrun starts (one message, not one per worker), naming the params key and the values."""
+    from typer.testing import CliRunner
+
+    from distillpipe.cli import app
+
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": {**LOADER, "streams": 3},
+                                                               "runs": {"r": {**_run(0.0)}}}})
+    monkeypatch.setenv("DISTILLPIPE_MACHINE", str(toy["root"] / "machine.yaml"))
+    monkeypatch.setenv("DISTILLPIPE_NPROC", "2")
+    res = CliRunner().invoke(app, ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache",
+                                   str(toy["store"]), "--prepared", str(toy["tokens"]), "--out", str(tmp_path / "o"),
+                                   "--checkpoints", str(tmp_path / "c"), "--live", str(tmp_path / "l"), "--params",
+                                   str(params)])
+    assert res.exit_code == 2 and not (tmp_path / "c").exists(), res.output
+    assert res.stderr.splitlines() == [
+        f"error: {params}: train.loader.streams=3 does not fit 2 training processes: the streams must be a multiple "
+        "of the process count (each process reads its own streams) or divide it (the processes of a stream share "
+        "it). Set train.loader.streams to 1 or 2 in params.yaml (the batches follow the streams), or run a number of "
+        "processes that 3 is a multiple or a divisor of (DISTILLPIPE_NPROC, or machine.yaml "
+        "students.nproc_per_node, is 2)"]
+
+
 def _run(dropout):
     return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": dropout},
             "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
@@ -47,8 +96,8 @@ def toy(tmp_path_factory):
     return toy
 
 
-def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None):
-    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
+def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None, loader=LOADER):
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": loader,
                                                                "runs": {"r": _run(dropout)}}})
     args = ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache", str(toy["store"]),
             "--prepared", str(toy["tokens"]), "--out", str(out), "--checkpoints", f"{out}.ckpt",
@@ -86,6 +135,25 @@ def test_two_processes_give_the_weights_of_one(toy, tmp_path):
     assert list(loss_one) == list(loss_two) == list(range(1, 17))
     # the logged loss is the global batch's (averaged over ranks)
     assert list(loss_one.values()) == pytest.approx(list(loss_two.values()), rel=1e-4)
+
+
+@pytest.mark.slow  # ~40 s: three torchrun jobs
+def test_one_stream_shared_by_2_and_4_processes_gives_the_weights_of_one(toy, tmp_path):
+    """The embedded params' loader (streams: 1) under DISTILLPIPE_NPROC=2 and 4: the processes share the stream,
+    each training on its slice of every batch; 96 rows in batches of 8 leave no short batch, so the weights equal
+    one process's (float tolerance)."""
+    loader = {**LOADER, "streams": 1}
+    one = _train(toy, tmp_path, tmp_path / "one", nproc=1, dropout=0.0, loader=loader)
+    assert one.returncode == 0, one.stderr
+    a = _weights(tmp_path / "one")
+    for nproc in (2, 4):
+        many = _train(toy, tmp_path, tmp_path / f"n{nproc}", nproc=nproc, dropout=0.0, loader=loader)
+        assert many.returncode == 0, many.stderr[-3000:]
+        assert f"under torchrun with {nproc} processes" in many.stderr and "each read all its blocks" in many.stderr
+        assert one.stdout.count("student r: 24 steps") == many.stdout.count("student r: 24 steps") == 1
+        b = _weights(tmp_path / f"n{nproc}")
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_killed_rank_fails_cleanly_and_the_rerun_resumes_every_rank_exactly(toy, tmp_path):

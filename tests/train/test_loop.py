@@ -2,6 +2,7 @@
 general-distilled student, it early-stops, and a SIGKILLed run resumes to the same weights."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,6 +207,56 @@ def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
     assert list(read_curve(tmp_path / "res.live", "train/loss")) == list(range(1, 25))
     assert list(read_curve(tmp_path / "res.live", "dev/accuracy")) == [6, 12, 18, 24]
     assert {"metrics.json", "params.yaml", "plots/metrics/train/soft.tsv"} <= set(res_live)
+
+
+FULL_DISK_DRIVER = """
+import os, sys
+sys.path.insert(0, os.environ["TESTS_DIR"])
+from _fulldisk import FullDisk
+from distillpipe.train import loop
+full_at = int(os.environ["FULL_AT_STEP"])
+orig = loop.save_checkpoint
+def save(folder, step, state, keep=2):
+    if step != full_at:
+        return orig(folder, step, state, keep)
+    with FullDisk(folder, 4096):  # the disk fills up during this checkpoint
+        return orig(folder, step, state, keep)
+loop.save_checkpoint = save
+from distillpipe.cli import app
+app(sys.argv[1:], prog_name="distillpipe")
+"""
+
+
+@pytest.mark.slow  # ~30 s: three training runs (tests/test_checkpoints.py checks the message and files in 2 s)
+def test_full_disk_at_a_checkpoint_stops_with_exit_2_and_resumes_to_the_same_weights(toy, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_every=4, eval_every=6))
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
+                                                               "runs": {"toy-run": run}}})
+    ref = _cli(toy, params, tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "res"
+    full = subprocess.run([sys.executable, "-c", FULL_DISK_DRIVER, "train", "--run", "toy-run", "--tokens",
+                           str(toy["cls"]), "--teacher-cache", str(toy["cls_store"]), "--prepared", str(toy["cls"]),
+                           "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live", "--params",
+                           str(params)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "FULL_AT_STEP": "12",
+                               "TESTS_DIR": str(Path(__file__).parents[1])})
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    errors = [line for line in full.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, full.stderr[-3000:]
+    assert f"no space left on device writing checkpoint {out}.ckpt/step-000000012.pt: it needs ~" in errors[0]
+    assert "resumes from step-000000008.pt" in errors[0]
+    assert sorted(p.name for p in Path(f"{out}.ckpt").iterdir()) == ["step-000000006.pt", "step-000000008.pt"]
+    resumed = _cli(toy, params, out)  # the space is back
+    assert resumed.returncode == 0 and "resuming toy-run at step 8/24" in resumed.stderr, resumed.stderr
+    a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
+    b = torch.load(out / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert live_files(tmp_path / "ref.live") == live_files(tmp_path / "res.live")
 
 
 def _unlabeled_copy(toy, root):

@@ -119,7 +119,7 @@ def test_training_refuses_a_damaged_cache_with_exit_2(toy, tmp_path, damage):
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "zarr" not in res.stderr.lower().replace(".zarr", "")
     assert f"teacher cache {store} is damaged" in res.stderr and "shard 1:" in res.stderr
-    assert f"dvc checkout {store}" in res.stderr and "dvc repro teacher_cache" in res.stderr
+    assert f"dvc checkout --force {store}" in res.stderr and "dvc repro teacher_cache" in res.stderr
     assert not (tmp_path / "r" / "model.pt").exists()  # nothing was trained on it
     expected = {"flipped": "unreadable", "truncated": "truncated or rewritten", "deleted": "missing"}[damage]
     assert expected in res.stderr

@@ -1,9 +1,9 @@
 """What every command shares: logging set-up, turning user errors into exit status 2, option types.
 
 This is the only place that turns exceptions into exit codes: a :class:`~distillpipe.errors.UserError`
-(bad params, bad input files, a stale or damaged cache, a locked store) or a missing file prints one
-message and exits 2; set ``DISTILLPIPE_DEBUG=1`` to see the traceback. Anything else is a bug and keeps
-its traceback.
+(bad params, bad input files, a stale or damaged cache, a locked store, a full disk the library
+describes), a missing file or any other full disk prints one message and exits 2; set ``DISTILLPIPE_DEBUG=1``
+to see the traceback. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 
 from distillpipe.config.base import ConfigError
 from distillpipe.data.schema import read_meta
-from distillpipe.errors import UserError
+from distillpipe.errors import UserError, disk_full_cause, free_space
 
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
 
@@ -55,8 +55,22 @@ def user_errors(fn: Callable) -> Callable:
                 raise
             typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
+        except Exception as e:  # a full disk the library did not describe: still one message, never a traceback
+            cause = disk_full_cause(e)
+            if cause is None or os.environ.get("DISTILLPIPE_DEBUG"):
+                raise
+            typer.secho(f"error: {disk_full_text(cause)}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
 
     return wrapper
+
+
+def disk_full_text(e: OSError) -> str:
+    """What a full disk that no library code described says: the file, the space free there, the fix."""
+    folder, free = free_space(e.filename) if e.filename else (None, None)
+    where = f" writing {e.filename} ({free / 1e6:,.1f} MB free on {folder})" if folder is not None else ""
+    return (f"{e.strerror or 'no space left on device'}{where}: free space on that disk (or point the output at a "
+            "larger one), then run the command again")
 
 
 def entry_point(command: Callable, name: str) -> Callable[[], None]:

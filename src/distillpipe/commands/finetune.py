@@ -42,10 +42,11 @@ def finetune(run: RunOpt,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Fine-tune a trained student's encoder on a task with a fresh head (task-specific distillation)."""
     students = load_machine().students
-    if handed_to_torchrun(students.nproc_per_node):
-        return
     cfg = load_section(params, "finetune", FinetuneConfig)
     rcfg = named_entry(cfg, run, params, "finetune", "runs")
+    if handed_to_torchrun(students.nproc_per_node, params=params, section="finetune", run=run, loader=cfg.loader,
+                          batch_size=rcfg.optim.batch_size):
+        return
     check_dataset(tokens, rcfg.dataset, f"finetune.runs.{run}")
     _, record = load_student(init, torch.device("cpu"))
     if record["name"] != rcfg.init:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from distillpipe.commands.base import user_errors
+from distillpipe.store.manifest import StoreDamaged
 from distillpipe.store.reader import format_info, open_store
 
 
@@ -19,11 +20,7 @@ def inspect(store: Annotated[Path, typer.Argument(help="a teacher-cache store (d
     st = open_store(store, allow_incomplete=True, check_files=False)
     typer.echo(format_info(st.info()))
     problems = st.verify(checksum=verify)
-    if problems:
-        for i, found in sorted(problems.items()):
-            typer.secho(f"shard {i}: {'; '.join(found)}", fg=typer.colors.RED)
-        typer.secho("the cache is damaged: `dvc checkout` it (or `dvc pull`), or re-run `dvc repro teacher_cache` "
-                    "to recompute the damaged shards", fg=typer.colors.RED)
-        raise typer.Exit(1)
+    if problems:  # exit 2 with the message training gives for the same damage
+        raise StoreDamaged.of_shards(str(store), problems)
     typer.echo("verify: every completed shard matches its checksums" if verify
                else "every completed shard's files are present with their recorded sizes (--verify: checksums)")

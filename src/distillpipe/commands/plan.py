@@ -12,7 +12,8 @@ import typer
 from distillpipe.commands.base import ParamsOpt, user_errors
 from distillpipe.store.schema import MLM
 from distillpipe.teacher.bench import BENCH_HINT
-from distillpipe.teacher.plan import COMPRESSION, WEIGHT_BYTES, ItemPlan, Plan, fmt_bytes, plan_caches
+from distillpipe.teacher.estimate import COMPRESSION, fmt_bytes
+from distillpipe.teacher.plan import WEIGHT_BYTES, ItemPlan, Plan, plan_caches
 
 BenchOpt = Annotated[Path, typer.Option("--bench", help="benchmark JSON of this machine (benchmarks/at_scale.py)")]
 

@@ -5,22 +5,35 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from distillpipe.config.base import ConfigError
+from distillpipe.config.run import LoaderConfig
 from distillpipe.errors import UserError
 from distillpipe.scale.ddp import relaunch_under_torchrun, under_torchrun
+from distillpipe.store.loader import check_processes
 
 
 class TrainingProcessFailed(UserError, RuntimeError):
     """A torchrun worker of a student training died; torchrun stopped the others."""
 
 
-def handed_to_torchrun(nproc: int) -> bool:
+def handed_to_torchrun(nproc: int, *, params: Path, section: str, run: str, loader: LoaderConfig,
+                       batch_size: int) -> bool:
     """Run this training command under torchrun with ``nproc`` processes when the machine asks for more than
-    one and this process is not already a torchrun worker; True when it did (the work is done)."""
+    one and this process is not already a torchrun worker; True when it did (the work is done). First the run's
+    loader and batch size are checked against ``nproc`` (one message naming the value to set, not one from each
+    of ``nproc`` workers)."""
     if nproc <= 1 or under_torchrun():
         return False
+    try:
+        check_processes(loader.streams, nproc, batch_size, streams_key=f"{section}.loader.streams",
+                        batch_key=f"{section}.runs.{run}.optim.batch_size")
+    except ValueError as e:
+        raise ConfigError(f"{params}: {e} (DISTILLPIPE_NPROC, or machine.yaml students.nproc_per_node, is {nproc})"
+                          ) from None
     try:
         relaunch_under_torchrun(nproc)
     except ChildFailedError as e:

@@ -38,10 +38,11 @@ def train(run: RunOpt,
           params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation against a teacher cache (general or task distillation)."""
     students = load_machine().students
-    if handed_to_torchrun(students.nproc_per_node):
-        return
     cfg = load_section(params, "train", TrainConfig)
     rcfg = named_entry(cfg, run, params, "train", "runs")
+    if handed_to_torchrun(students.nproc_per_node, params=params, section="train", run=run, loader=cfg.loader,
+                          batch_size=rcfg.optim.batch_size):
+        return
     check_dataset(tokens, rcfg.dataset, f"train.runs.{run}")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
                             tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,

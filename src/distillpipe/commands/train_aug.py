@@ -41,10 +41,11 @@ def train_aug(run: RunOpt,
               params: ParamsOpt = Path("params.yaml")) -> None:
     """Train a student from random initialisation on a dataset plus augmented unlabeled rows (teacher losses)."""
     students = load_machine().students
-    if handed_to_torchrun(students.nproc_per_node):
-        return
     cfg = load_section(params, "train_aug", TrainAugConfig)
     rcfg = named_entry(cfg, run, params, "train_aug", "runs")
+    if handed_to_torchrun(students.nproc_per_node, params=params, section="train_aug", run=run, loader=cfg.loader,
+                          batch_size=rcfg.optim.batch_size):
+        return
     check_dataset(tokens, rcfg.dataset, f"train_aug.runs.{run}")
     check_dataset(augment_tokens, rcfg.augment, f"train_aug.runs.{run}.augment: the")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,

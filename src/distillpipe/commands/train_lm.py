@@ -42,10 +42,11 @@ def train_lm(run: RunOpt,
     """Train a language-model student (ELMo-C, ELMo-A, ELMo-Sub) from random initialisation on a corpus, its input
     layer the fixed word-vector table."""
     students = load_machine().students
-    if handed_to_torchrun(students.nproc_per_node):
-        return
     cfg = load_section(params, "train_lm", TrainLMConfig)
     rcfg = named_entry(cfg, run, params, "train_lm", "runs")
+    if handed_to_torchrun(students.nproc_per_node, params=params, section="train_lm", run=run, loader=cfg.loader,
+                          batch_size=rcfg.optim.batch_size):
+        return
     check_dataset(tokens, rcfg.dataset, f"train_lm.runs.{run}")
     if word_vectors.name != rcfg.word_vectors:
         raise ConfigError(f"train_lm.runs.{run}.word_vectors is {rcfg.word_vectors!r} but --word-vectors is "

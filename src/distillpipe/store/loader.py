@@ -15,12 +15,15 @@ chunk-aligned blocks of ``block_rows`` rows and shuffles at three levels, all de
 ``w % streams``); each stream cuts its permuted rows into sub-batches of ``batch_size / streams`` rows.
 Global batch ``t`` is the concatenation of every stream's ``t``-th sub-batch, in stream order. So the
 batches are a pure function of (seed, epoch, streams, batch_size, block_rows, buffer_blocks), and NOT of
-how many processes read them: with ``world`` data-parallel processes (``streams`` a multiple of
-``world``), process ``r`` reads only streams ``[r * streams / world, (r + 1) * streams / world)``, i.e.
-only their blocks, and its local batch is its streams' part of the global batch. An epoch ends when a
-stream runs out: with one stream after its last (possibly short) batch; with several, after the last
-step at which every stream still has a full sub-batch (the few rows left over are a different few
-each epoch).
+how many processes read them (:func:`stream_share`): with ``world`` data-parallel processes and ``streams`` a
+multiple of ``world``, process ``r`` reads only streams ``[r * streams / world, (r + 1) * streams / world)``,
+i.e. only their blocks, and its local batch is its streams' part of the global batch; with ``streams`` a
+divisor of ``world``, the ``world / streams`` processes of a stream each read all its blocks and take their
+equal slice of each of its sub-batches (each block is then read that many times: the price of running a
+params file written for fewer processes, such as the embedded one's ``streams: 1``). An epoch ends when a
+stream runs out: with one stream read by one process after its last (possibly short) batch; otherwise after
+the last step at which every stream still has a full sub-batch (the few rows left over are a different few
+each epoch; a short batch cannot be split equally over processes).
 
 DataLoader workers only add parallelism inside a process: worker ``j`` of ``num_workers`` reads the
 process's streams ``j, j + num_workers, ...`` (so ``num_workers`` must divide the process's number of
@@ -42,6 +45,7 @@ it reads, plus one batch.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,17 +84,46 @@ def stream_windows(windows: list[list[tuple[int, int]]], streams: int) -> list[l
     return [[(w, windows[w]) for w in range(k, len(windows), streams)] for k in range(streams)]
 
 
-def steps_per_epoch(stream_rows: Sequence[int], sub_batch: int) -> int:
-    """Global batches in an epoch whose streams hold ``stream_rows`` rows (see the module docstring)."""
-    if len(stream_rows) == 1:
+def steps_per_epoch(stream_rows: Sequence[int], sub_batch: int, *, shared: bool = False) -> int:
+    """Global batches in an epoch whose streams hold ``stream_rows`` rows (see the module docstring); ``shared``:
+    several processes split each sub-batch, so a short last one is left out."""
+    if len(stream_rows) == 1 and not shared:
         return -(-stream_rows[0] // sub_batch)
     return min(n // sub_batch for n in stream_rows)
 
 
-def process_streams(streams: int, rank: int, world: int) -> list[int]:
-    """The streams data-parallel process ``rank`` of ``world`` reads (a contiguous share)."""
-    per = streams // world
-    return list(range(rank * per, (rank + 1) * per))
+def check_processes(streams: int, world: int, batch_size: int, *, streams_key: str = "loader.streams",
+                    batch_key: str = "optim.batch_size") -> None:
+    """Raise ValueError, naming the value to set, unless ``world`` processes can read ``streams`` streams of
+    ``batch_size``-row batches: ``streams`` a multiple of ``world`` (each process reads its own streams) or a divisor
+    of it whose sub-batches split equally (the processes of a stream share it)."""
+    if streams % world == 0:
+        return
+    if world % streams:
+        fits = sorted({world, math.gcd(streams, world)})
+        raise ValueError(
+            f"{streams_key}={streams} does not fit {world} training processes: the streams must be a multiple of "
+            f"the process count (each process reads its own streams) or divide it (the processes of a stream share "
+            f"it). Set {streams_key} to {' or '.join(map(str, fits))} in params.yaml (the batches follow the "
+            f"streams), or run a number of processes that {streams} is a multiple or a divisor of")
+    if batch_size % world:
+        size = -(-batch_size // world) * world
+        raise ValueError(
+            f"{batch_key}={batch_size} cannot be split equally over {world} training processes: with "
+            f"{streams_key}={streams} the {world // streams} processes of a stream share its "
+            f"{batch_size // streams}-row sub-batches. Set {batch_key} to a multiple of {world} (e.g. {size}), or "
+            f"{streams_key} to a multiple of {world}")
+
+
+def stream_share(streams: int, world: int, rank: int) -> tuple[list[int], int, int]:
+    """(the streams process ``rank`` of ``world`` reads, its slice of each of their sub-batches, the slices a
+    sub-batch is cut into): a contiguous share of whole streams when ``streams`` is a multiple of ``world``, else
+    (``streams`` divides ``world``) one stream shared by ``world / streams`` processes."""
+    if streams % world == 0:
+        per = streams // world
+        return list(range(rank * per, (rank + 1) * per)), 0, 1
+    parts = world // streams
+    return [rank // parts], rank % parts, parts
 
 
 class BlockDataset(torch.utils.data.IterableDataset):
@@ -124,14 +157,13 @@ class BlockDataset(torch.utils.data.IterableDataset):
         if batch_size % streams:
             raise ValueError(f"batch_size={batch_size} must be a multiple of loader.streams={streams}: every stream "
                              "gives the same number of rows to a batch")
-        if streams % world:
-            raise ValueError(f"loader.streams={streams} must be a multiple of the {world} training processes: each "
-                             "process reads whole streams (set streams to a multiple of the process count)")
+        check_processes(streams, world, batch_size, batch_key="batch_size")
         self.store_path = str(store_path)
         self.names = tuple(names)
         self.block_rows, self.buffer_blocks, self.batch_size, self.seed = block_rows, buffer_blocks, batch_size, seed
         self.streams, self.rank, self.world = streams, rank, world
         self.sub_batch = batch_size // streams
+        self.mine, self.part, self.parts = stream_share(streams, world, rank)
         self.expected = expected
         self.epoch = 0
         self.batches_consumed = 0
@@ -172,7 +204,7 @@ class BlockDataset(torch.utils.data.IterableDataset):
                              f"{self.store_path}: lower streams or buffer_blocks")
         per_stream = stream_windows(windows, self.streams)
         rows = [sum(b - a for _, blocks in ws for a, b in blocks) for ws in per_stream]
-        return per_stream, steps_per_epoch(rows, self.sub_batch)
+        return per_stream, steps_per_epoch(rows, self.sub_batch, shared=self.world > self.streams)
 
     def __len__(self) -> int:
         return self.plan(self.epoch)[1]
@@ -180,12 +212,15 @@ class BlockDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[list[Rows]]:
         info = torch.utils.data.get_worker_info()
         slot, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        mine = process_streams(self.streams, self.rank, self.world)[slot::n_workers]
+        mine = self.mine[slot::n_workers]
         per_stream, steps = self.plan(self.epoch)
         skip = self.batches_consumed
         iters = [self._sub_batches(per_stream[k], skip) for k in mine]
+        n = self.sub_batch // self.parts  # this process's slice of a sub-batch (all of it unless shared)
+        lo = self.part * n
         for _ in range(skip, steps):
-            yield [next(it) for it in iters]
+            subs = [next(it) for it in iters]
+            yield subs if self.parts == 1 else [{k: v[lo:lo + n] for k, v in sub.items()} for sub in subs]
 
     def _sub_batches(self, windows: list[tuple[int, list]], skip: int) -> Iterator[Rows]:
         """One stream's sub-batches from the ``skip``-th on: windows already consumed are passed unread."""
@@ -241,7 +276,8 @@ class BlockLoader:
     ``for rows, arrays in loader`` runs the rest of the current epoch (from the restored position) and
     then advances ``loader.epoch``. ``rows`` is the (B,) int64 array of the store's ``row_index`` (rows of
     the tokens dataset), ``arrays`` maps each name to a (B, ...) numpy array (``torch.from_numpy`` them;
-    zero-copy); B is ``batch_size * (streams this process reads) / streams``. With ``num_workers > 0`` a
+    zero-copy); B is ``batch_size * (streams this process reads) / streams``, or ``batch_size / world`` when processes
+    share streams. With ``num_workers > 0`` a
     torch DataLoader runs :class:`BlockDataset` in worker processes started with ``multiprocessing_context``
     ("spawn" when None, as DESIGN.md asks; "forkserver" works too); each worker opens the store itself.
     """
@@ -266,10 +302,15 @@ class BlockLoader:
             store_path, names, block_rows=block_rows, buffer_blocks=buffer_blocks, batch_size=batch_size,
             seed=seed, expected=expected, streams=streams, rank=rank, world=world,
         )  # fmt: skip
-        mine = streams // world
+        mine = len(self.dataset.mine)
         if num_workers < 0 or (num_workers and mine % num_workers):
             raise ValueError(f"loader.num_workers={num_workers} must be 0 or divide the {mine} stream(s) each "
                              f"training process reads (streams {streams} / {world} processes)")
+        if self.dataset.parts > 1 and rank == 0:
+            log.warning("loader.streams=%d for %d training processes: the %d processes of a stream each read all its "
+                        "blocks (%dx the reads of one process); set loader.streams to a multiple of %d to read each "
+                        "block once (it changes the batches)", streams, world, self.dataset.parts,
+                        self.dataset.parts, world)
         self.dataset.plan(0)  # validate manifest, names, alignment and streams here, before spawning workers
         self.num_workers = num_workers
         self.multiprocessing_context = (multiprocessing_context or "spawn") if num_workers else None

@@ -206,7 +206,8 @@ class StoreDamaged(UserError, RuntimeError):
             path=where))
 
 
-DAMAGE_FIX = ("Restore it with `dvc checkout {path}` (or `dvc pull {path}`), or recompute the damaged shards with "
+DAMAGE_FIX = ("Restore it with `dvc checkout --force {path}` (`dvc pull --force {path}` when the DVC cache lacks it; "
+              "without --force DVC refuses to overwrite a changed file), or recompute the damaged shards with "
               "`dvc repro teacher_cache` (the stage checks every shard and redoes the bad ones).")
 
 

@@ -26,7 +26,8 @@ from distillpipe.store.writer import CHUNK_KEY_ENCODING, StoreWriter, compressor
 
 log = logging.getLogger(__name__)
 
-def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = True) -> StoreWriter:
+def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = True,
+                     lock: StoreLock | None = None) -> StoreWriter:
     """Open the store at ``path`` for writing ``manifest``'s cache, keeping any verified progress.
 
     * no store yet: create it (every array, empty);
@@ -38,11 +39,15 @@ def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = T
       rebuild it from empty.
 
     Takes the store's lock first (:class:`~distillpipe.store.lock.StoreLocked` when another process
-    holds it); the returned writer holds it. ``manifest``'s own ``completed_shards`` is ignored;
+    holds it), or uses ``lock``, the store's lock already held by this process (a driver takes it before
+    loading the teacher); the returned writer holds it. ``manifest``'s own ``completed_shards`` is ignored;
     progress comes from the markers on disk.
     """
     root = Path(path)
-    lock = StoreLock(root).acquire()
+    if lock is None:
+        lock = StoreLock(root).acquire()
+    elif not lock.held or lock.path != StoreLock(root).path:
+        raise ValueError(f"create_or_resume({root}) was handed a lock that is not this store's, held: {lock.path}")
     try:
         return _open_for_writing(root, manifest.with_completed(()), lock, checksum=checksum)
     except BaseException:

@@ -7,9 +7,9 @@ where the next shard's compute overlaps the previous shard's writing) or as one 
 the machine's cluster (:mod:`distillpipe.scale.cluster`); a worker process loads the teacher once and
 keeps it for every shard it gets.
 
-The driver holds the store's lock (one writer per store), first asks a worker (or this process) how it
-loads the teacher, builds the manifest from the answer (teacher weights and tokenizer, tokens content,
-split, signals, compute precision and batch size, the producing code), creates or resumes the store,
+The driver takes the store's lock (one writer per store) before anything else, then asks a worker (or this
+process) how it loads the teacher, builds the manifest from the answer (teacher weights and tokenizer, tokens
+content, split, signals, compute precision and batch size, the producing code), creates or resumes the store,
 hands out the pending shards and folds their markers into the manifest. A worker refuses a shard when
 its code or compute settings differ from the manifest's, so a store never mixes them. The bytes are
 the same whatever the number of workers and the order in which shards finish.
@@ -22,9 +22,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,17 +36,20 @@ import torch
 from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_cache import SignalsConfig, TeacherCacheDatasetConfig
 from distillpipe.data.schema import longest_list, read_meta
-from distillpipe.errors import UserError
+from distillpipe.errors import DiskFull, UserError, disk_full_cause, free_space
 from distillpipe.identity import stage_code
 from distillpipe.progress import Progress
 from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
 from distillpipe.scale.machine import ClusterSettings
+from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.resume import create_or_resume
 from distillpipe.store.schema import ROW_INDEX, SignalSpec
+from distillpipe.store.shards import marked_shards
 from distillpipe.store.writer import StoreSummary, StoreWriter, write_shard
 from distillpipe.teacher.capture import signal_names, teacher_head
+from distillpipe.teacher.estimate import estimated_bytes, fmt_bytes
 from distillpipe.teacher.load import load_teacher
 from distillpipe.teacher.shard import compute_shard
 
@@ -307,7 +310,17 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
                         cluster: ClusterSettings | None = None) -> CacheSummary:
     """Create or resume ``out`` and compute every shard not yet complete: in this process (``cluster`` None or
     ``inprocess``) or as one dask task per shard on the cluster (a machine setting, never a param: it changes
-    no byte)."""
+    no byte). The store's lock is taken first, before the teacher loads: a second writer of the store is refused
+    at once, not after loading a teacher (a GPU load for nothing at BERT-Large size); this process keeps it
+    through the build."""
+    with StoreLock(out) as lock:
+        return _build_locked(name, tokens_dir, teacher_dir, cfg, device, batch_size, shard_rows, out, lock,
+                             cpu_threads=cpu_threads, cluster=cluster)
+
+
+def _build_locked(name: str, tokens_dir: str | Path, teacher_dir: str | Path, cfg: TeacherCacheDatasetConfig,
+                  device: str, batch_size: int, shard_rows: int, out: str | Path, lock: StoreLock, *, cpu_threads: int,
+                  cluster: ClusterSettings | None) -> CacheSummary:
     t0 = time.time()
     tokens_dir, teacher_dir, out = Path(tokens_dir), Path(teacher_dir), Path(out)
     meta = read_meta(tokens_dir)
@@ -335,7 +348,7 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             code=job.code, n_rows=len(rows), shard_rows=shard_rows,
             row_subset=None if subset is None else {"max_rows": len(subset), "rule": "evenly_spaced"})
         job = replace(job, n_rows=len(rows), shard_rows=shard_rows, spec=spec, compute=facts.compute)
-        with create_or_resume(out, manifest) as writer:
+        with disk_full_message(name, out, manifest, rows), create_or_resume(out, manifest, lock=lock) as writer:
             pending = writer.pending_shards()
             n_shards = manifest.n_shards
             if len(pending) < n_shards:
@@ -347,17 +360,51 @@ def build_teacher_cache(name: str, tokens_dir: str | Path, teacher_dir: str | Pa
             bar = Progress(total=sum(_rows(manifest, i) for i in pending), desc=f"teacher_cache {name}", unit="row")
             progress = _Progress(bar, manifest)
             t_compute = time.time()
-            if inprocess:
-                # as on a dask worker: of threads_per_worker, one computes and the others write shards
-                _run_inprocess(job, pending, writer, progress,
-                               writers=max(1, cluster.threads_per_worker - 1) if cluster is not None else 1)
-            else:
-                _run_on_cluster(client, job, name, pending, writer, progress, cluster.retries)
-            bar.close()
+            try:
+                if inprocess:
+                    # as on a dask worker: of threads_per_worker, one computes and the others write shards
+                    _run_inprocess(job, pending, writer, progress,
+                                   writers=max(1, cluster.threads_per_worker - 1) if cluster is not None else 1)
+                else:
+                    _run_on_cluster(client, job, name, pending, writer, progress, cluster.retries)
+            finally:
+                bar.close()  # also when a shard fails: an error message then starts on a line of its own
             seconds = time.time() - t_compute
             summary = writer.finalize()
     log.debug("teacher_cache %s done in %.1f s", name, time.time() - t0)
     return CacheSummary(name, summary, progress.rows, seconds)
+
+
+@contextmanager
+def disk_full_message(name: str, out: Path, manifest: Manifest, rows: Any) -> Iterator[None]:
+    """Turn a full disk (or quota) anywhere in the block, from creating the store to its last manifest save, in this
+    process or on a worker, into one :class:`~distillpipe.errors.DiskFull` naming the store, the space its unfinished
+    shards need (``distillpipe plan``'s estimate of their bytes on disk: :mod:`distillpipe.teacher.estimate`), the
+    space free and how to go on. What was written stays consistent: a shard counts as complete only by its marker,
+    written after its files (:func:`~distillpipe.store.writer.write_shard`), and a write that failed leaves no file
+    behind but a ``*.partial`` the resume removes."""
+    try:
+        yield
+    except Exception as e:
+        cause = disk_full_cause(e)
+        if cause is None:
+            raise
+        done = set(marked_shards(out, manifest.n_shards)) if out.is_dir() else set()
+        pending = [i for i in range(manifest.n_shards) if i not in done]
+        positions = np.concatenate([np.arange(*manifest.shard_rows_range(i)) for i in pending] or [np.zeros(0, int)])
+        part = rows.select(positions)
+        lengths = np.asarray(part.with_format("arrow")["length"].to_numpy(zero_copy_only=False), dtype=np.int64)
+        need = estimated_bytes(manifest.signals, lengths, masked_counts(part) if manifest.signals.mlm_topk else None)
+        _, free = free_space(out)
+        needs = (f"needs ~{fmt_bytes(need)} more for its {len(pending)} unfinished shard(s) of {manifest.n_shards} "
+                 "(distillpipe plan's estimate of their bytes on disk)" if pending else
+                 "has every shard written but could not save its manifest (a few kB)")
+        raise DiskFull(
+            f"no space left on device writing {cause.filename or out}: the teacher cache {out} {needs} and "
+            f"{fmt_bytes(free)} is free on its disk. Make that room there (or move the store to a larger disk), then "
+            f"run `dvc repro teacher_cache@{name}` again"
+            + (f": its {len(done)} complete shard(s) are kept and only the others are computed" if done else "")
+            ) from e
 
 
 class _Progress:

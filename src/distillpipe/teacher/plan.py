@@ -40,32 +40,17 @@ import numpy as np
 from distillpipe.config.base import load_section
 from distillpipe.config.teacher_cache import TeacherCacheConfig, TeacherCacheDatasetConfig
 from distillpipe.config.tokenize import TokenizeConfig
-from distillpipe.store.schema import (
-    ATTN_PROBS,
-    ATTN_SCORES,
-    EMBEDDINGS,
-    END_LOGITS,
-    HIDDEN,
-    MLM,
-    START_LOGITS,
-    SignalSpec,
-    array_group,
-    array_layout,
-)
+from distillpipe.store.schema import SignalSpec
 from distillpipe.store.shards import tree_bytes
 from distillpipe.teacher.bench import Bench, load_bench, throughput
 from distillpipe.teacher.cache import TeacherCacheError, TeacherSizes, spec_for
+from distillpipe.teacher.estimate import ArrayPlan, array_plans, fmt_bytes
 from distillpipe.teacher.rows import Rows, count_rows
 
 log = logging.getLogger(__name__)
 
 WEIGHT_BYTES = 4
 """Bytes a teacher parameter takes in memory: the loader keeps fp32 weights (autocast decides the compute dtype)."""
-COMPRESSION = {MLM: 0.66}
-"""Bytes on disk / bytes of the real values, for the signal groups that do compress: the MLM top-k (logits sorted
-in each slot, ids, positions), measured 0.65 with the store's Blosc lz4 on the embedded wiki store (MiniLM-L6 + its
-MLM head, 512 rows: logits 0.59, ids 0.72, positions 0.53, logsumexp 0.71; zstd gave 0.54). Every other group: 1
-(float16 activations barely compress)."""
 COMPRESSED_TOLERANCE = (0.8, 1.15)
 """Bytes of the data files on disk / the on-disk estimate that tests/teacher/test_plan.py accepts for stores of
 activations. Measured on whole stores with the store's Blosc lz4: 0.97-0.99 with MiniLM-L6 on the embedded data (wiki
@@ -141,25 +126,6 @@ def forward_flops(config: Mapping, seq_len: int, head: str, masked: float = 0, *
 # --------------------------------------------------------------------------------------------
 # one item
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArrayPlan:
-    name: str
-    group: str
-    dtype: str
-    row_shape: tuple[int, ...]
-    row_bytes: int
-    """Uncompressed bytes a row."""
-    occupancy: float
-    """Fraction of the row that holds real values (not padding or unused slots): 1 when unknown."""
-    compression: float
-    """Bytes on disk / bytes of the real values (:data:`COMPRESSION`)."""
-
-    @property
-    def est_row_bytes(self) -> float:
-        """Estimated bytes a row on disk."""
-        return self.row_bytes * self.occupancy * self.compression
 
 
 @dataclass
@@ -280,7 +246,7 @@ def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokeni
     deepest = max((*s.hidden_layers, *s.attn_layers), default=0)
     if deepest > n_layers:
         item.problems.append(f"signals name layer {deepest}, the teacher has {n_layers} layers")
-    item.arrays = _arrays(item.spec, rows)
+    item.arrays = array_plans(item.spec, rows.lengths, rows.masked)
     if rows.lengths is None:
         item.notes.append("no tokens: padding unknown, so the on-disk estimate counts every position as real (high "
                           "for rows shorter than L)")
@@ -291,23 +257,6 @@ def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokeni
             item.rates[where] = throughput(item.flops_per_row, item.row_bytes, item.est_row_bytes, flops_per_s,
                                            cores, bench, rows.n)
     return item
-
-
-def _arrays(spec: SignalSpec, rows: Rows) -> list[ArrayPlan]:
-    """The store's arrays with the share of each row that holds real values (from the tokens' lengths and masks)."""
-    L, Lp, p = spec.max_seq_len, spec.pooled_len, spec.pool
-    occupancy: dict[str, float] = {}
-    if rows.lengths is not None and rows.lengths.size:
-        n = rows.lengths.astype(np.float64)
-        groups = np.ceil(n / p)
-        occupancy = {HIDDEN: groups.mean() / Lp, ATTN_SCORES: (groups**2).mean() / Lp**2,
-                     ATTN_PROBS: (n**2).mean() / L**2, EMBEDDINGS: n.mean() / L, START_LOGITS: n.mean() / L,
-                     END_LOGITS: n.mean() / L}
-        if rows.masked is not None and spec.mlm_max_masked:
-            occupancy[MLM] = rows.masked.mean() / spec.mlm_max_masked
-    return [ArrayPlan(a.name, array_group(a.name), str(a.dtype), a.row_shape, a.row_nbytes,
-                      float(occupancy.get(array_group(a.name), 1.0)), COMPRESSION.get(array_group(a.name), 1.0))
-            for a in array_layout(spec, 0, 1)]
 
 
 def row_flops(config: Mapping, spec: SignalSpec, head: str, rows: Rows) -> float:
@@ -406,13 +355,3 @@ def plan_caches(params: Path, root: Path, bench_path: Path) -> Plan:
     for w in plan.warnings:
         log.warning("%s", w)
     return plan
-
-
-def fmt_bytes(n: float | None) -> str:
-    """Bytes in decimal units (kB, MB, GB, TB), as disks are sold; ``?`` for unknown."""
-    if n is None:
-        return "?"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"

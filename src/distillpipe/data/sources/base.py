@@ -224,7 +224,11 @@ def shorten(value: object, limit: int = 160) -> str:
 def read_text(path: Path, encoding: str, key: str) -> str:
     """Decode a whole file; a decoding error names the file, line, column and byte, and the
     ``encoding`` key to change. A leading BOM is removed."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # a permission, a broken disk: the traceback would tell the user nothing more
+        raise PrepareError(f"{path}: cannot read it ({e.strerror or e}); check the file (from params.yaml "
+                           f"`{key.rsplit('.', 1)[0]}`)") from None
     try:
         text = data.decode(encoding)
     except LookupError:

@@ -1,4 +1,4 @@
-"""GLUE tasks from their original TSV files (tab-separated, ``csv.QUOTE_NONE``: a ``"`` is text).
+"""GLUE tasks from their original TSV files (tab-separated, no quoting: a ``"`` is text).
 
 Columns are looked up by header name where the file has a header. CoLA train/dev have none
 (``source, label, original-label, sentence``); every test file has a header and no label
@@ -8,7 +8,6 @@ local and hub copies of a task agree.
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
 from collections import Counter
@@ -86,9 +85,12 @@ def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, ke
     lines = list(numbered_lines(text))
     if not lines:
         raise PrepareError(f"{path} is empty (from params.yaml `{key}.files.{split}`)")
-    first = next(csv.reader([lines[0][1]], delimiter="\t", quoting=csv.QUOTE_NONE))
+    first = lines[0][1].split("\t")
     if _is_header(first, task):
         header, body = first, lines[1:]
+        stray = _stray_character(lines[0][1], f"`{key}.encoding`")
+        if stray:
+            raise PrepareError(f"{path}:1: the header line holds {stray}")
         if task.headerless is not None and not split.startswith("test") and task.text_a in header:
             raise PrepareError(
                 f"{path}:1: GLUE {cfg.task!r} {split} files have no header line (columns "
@@ -118,12 +120,16 @@ def _read_split(path: Path, split: str, task: GlueTask, cfg: LocalGlueConfig, ke
     rows: list[dict] = []
     if labeled:
         _check_label_set(path, body, len(header), col[task.label], task, cfg.task, key)
-    numbered = ((n, f) for (n, _), f in zip(body, csv.reader((line for _, line in body),
-                                                             delimiter="\t", quoting=csv.QUOTE_NONE)))
-    for number, fields in tqdm(numbered, total=len(body), desc=f"{path.name}", unit="row", disable=None, leave=False):
+    for number, line in tqdm(body, desc=f"{path.name}", unit="row", disable=None, leave=False):
         where = f"{path}:{number}"
+        fields = line.split("\t")
         if not any(f.strip() for f in fields):
             skips.add("blank lines")
+            continue
+        stray = _stray_character(line, f"`{key}.encoding`")
+        if stray:
+            skips.bad_or_raise(cfg.on_bad_rows, key, "rows with a carriage return or NUL inside", where,
+                               f"the line holds {stray}")
             continue
         if len(fields) != len(header):
             skips.bad_or_raise(cfg.on_bad_rows, key, "rows with a wrong number of columns", where,
@@ -149,8 +155,9 @@ def _check_label_set(path: Path, body: list[tuple[int, str]], n_columns: int, la
     """Refuse a file whose labels are not the task's (RTE's ``not_entailment`` read as MNLI), naming both sets.
     A few stray labels are left to ``on_bad_rows``: more than max(2, 1%) of the rows is a wrong task, not noise."""
     values: Counter[str] = Counter()
-    for fields in csv.reader((line for _, line in body), delimiter="\t", quoting=csv.QUOTE_NONE):
-        if len(fields) == n_columns:
+    for _, line in body:
+        fields = line.split("\t")
+        if len(fields) == n_columns and not _stray_character(line, ""):  # stray characters: reported row by row
             values[fields[label_col].strip()] += 1
     strangers = {v: n for v, n in values.items() if _label(v, task) is None}
     if sum(strangers.values()) > max(2, 0.01 * sum(values.values())):
@@ -158,8 +165,24 @@ def _check_label_set(path: Path, body: list[tuple[int, str]], n_columns: int, la
         found = sorted(values) if len(values) <= 20 else f"{len(values):,} distinct values, e.g. {sorted(values)[:10]}"
         raise PrepareError(
             f"{path}: the labels of this file are {shorten(found, 300)}, but GLUE task {task_name!r} has labels "
-            f"{expected} ({sum(strangers.values()):,} rows do not fit); is `{key}.task` right?"
+            f"{expected} ({sum(strangers.values()):,} rows do not fit); is `{key}.task` right, and `{key}.encoding` "
+            "the file's?"
         )
+
+
+def _stray_character(line: str, encoding_key: str) -> str:
+    """What in ``line`` no GLUE TSV line holds, and what to do about it ('' when none): a carriage return inside
+    the line (a line break of another convention, so the row may really be two, or a stray character) or a NUL
+    (binary data, or UTF-16 text read as an 8-bit encoding)."""
+    column = line.find("\r")
+    if column >= 0:
+        return (f"a carriage return (\\r) at column {column + 1}: the file breaks lines with a lone \\r there, or "
+                "holds a stray one; lines must end in \\n or \\r\\n (remove it, or break the line there)")
+    column = line.find("\0")
+    if column >= 0:
+        return (f"a NUL character (\\x00) at column {column + 1}: binary data, or UTF-16 text read as an 8-bit "
+                f"encoding (set {encoding_key} to the file's, e.g. utf-16)")
+    return ""
 
 
 def _label(raw: str, task: GlueTask) -> int | float | None:

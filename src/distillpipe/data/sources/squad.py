@@ -12,7 +12,15 @@ from typing import Any
 from tqdm import tqdm
 
 from distillpipe.config.prepare import LocalSquadConfig
-from distillpipe.data.sources.base import Prepared, PrepareError, Skips, input_path, read_text, rows_to_dataset
+from distillpipe.data.sources.base import (
+    Prepared,
+    PrepareError,
+    Skips,
+    input_path,
+    read_text,
+    rows_to_dataset,
+    shorten,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +32,9 @@ def squad_rows(doc: Any, where: str) -> list[dict]:
     rows = []
     for a, article in enumerate(tqdm(doc["data"], desc="articles", unit="article", disable=None, leave=False)):
         try:
-            title = article.get("title", "")
-            for paragraph in article["paragraphs"]:
-                context = paragraph["context"]
+            title = _string(article.get("title", ""), f"{where}: data[{a}].title")
+            for p, paragraph in enumerate(article["paragraphs"]):
+                context = _string(paragraph["context"], f"{where}: data[{a}].paragraphs[{p}].context")
                 for qa in paragraph["qas"]:
                     rows.append(_row(qa, title, context, where))
         except (KeyError, TypeError, AttributeError) as e:
@@ -37,8 +45,17 @@ def squad_rows(doc: Any, where: str) -> list[dict]:
     return rows
 
 
+def _string(value: Any, what: str) -> str:
+    """``value`` when it is a string, else a PrepareError naming ``what`` (a number or a list there would otherwise
+    fail deep inside Arrow)."""
+    if not isinstance(value, str):
+        raise PrepareError(f"{what} is {type(value).__name__} {shorten(value, 80)}, not a string; fix it in the file")
+    return value
+
+
 def _row(qa: dict, title: str, context: str, where: str) -> dict:
     qid = qa["id"]
+    question = _string(qa["question"], f"{where}: question {qid!r}: question")
     answers = [] if qa.get("is_impossible", False) else qa["answers"]
     if not answers and not qa.get("is_impossible", False):
         raise PrepareError(
@@ -47,7 +64,10 @@ def _row(qa: dict, title: str, context: str, where: str) -> dict:
         )
     texts, starts = [], []
     for answer in answers:
-        text, start = answer["text"], int(answer["answer_start"])
+        text, start = _string(answer["text"], f"{where}: question {qid!r}: an answer's text"), answer["answer_start"]
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise PrepareError(f"{where}: question {qid!r}: answer_start is {shorten(start, 80)}, not a whole number "
+                               "(a character offset into the context); fix it in the file")
         if context[start : start + len(text)] != text:
             found = context.find(text)
             hint = f" (the text occurs at {found})" if found >= 0 else " (the text is not in the context)"
@@ -57,7 +77,7 @@ def _row(qa: dict, title: str, context: str, where: str) -> dict:
             )
         texts.append(text)
         starts.append(start)
-    return {"id": str(qid), "title": title, "context": context, "question": qa["question"],
+    return {"id": str(qid), "title": title, "context": context, "question": question,
             "answers": {"text": texts, "answer_start": starts}}
 
 
@@ -74,6 +94,8 @@ def build_squad(name: str, cfg: LocalSquadConfig) -> Prepared:
         except json.JSONDecodeError as e:
             raise PrepareError(f"{path}:{e.lineno}: invalid JSON ({e.msg}, column {e.colno}); "
                                "is this a SQuAD file?") from None
+        except RecursionError:
+            raise PrepareError(f"{path}: JSON nested too deeply to read; is this a SQuAD file?") from None
         rows = squad_rows(doc, str(path))
         if not rows:
             raise PrepareError(f"{path}: no questions found (from params.yaml `{key}.files.{split}`)")

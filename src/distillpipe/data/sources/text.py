@@ -53,6 +53,10 @@ def _jsonl_documents(path: Path, text: str, cfg: LocalTextConfig, key: str, skip
             skips.bad_or_raise(cfg.on_bad_rows, key, "lines with invalid JSON", where,
                                f"invalid JSON ({e.msg}, column {e.colno})", unit="line")
             continue
+        except RecursionError:
+            skips.bad_or_raise(cfg.on_bad_rows, key, "lines with invalid JSON", where, "JSON nested too deeply",
+                               unit="line")
+            continue
         value = obj.get(cfg.text_field) if isinstance(obj, dict) else None
         if not isinstance(value, str):
             got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
