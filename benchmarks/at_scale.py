@@ -253,9 +253,9 @@ def writer_scaling(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> tuple[f
     2 writers can only compete for them, which says nothing about 14 writers on 16 cores."""
     spec = sset.spec()
     model = make_teacher(sset, ARGS.teacher, ARGS.device)
-    n = min(len(rows), 4 * shard_rows)
-    shards = [shard_mod.compute_shard(model, rows, s, min(s + shard_rows, n), spec, BATCH, 0)
-              for s in range(0, n, shard_rows)]
+    shard_rows = max(1, min(shard_rows, len(rows) // 4))  # 4 shards, even when the set's rows fill only one
+    n = 4 * shard_rows
+    shards = [shard_mod.compute_shard(model, rows, s, s + shard_rows, spec, BATCH, 0) for s in range(0, n, shard_rows)]
     times = {}
     real_pool = writer_mod.codec_pool
     writer_mod.codec_pool = lambda: None  # each writer encodes its chunks in its own thread

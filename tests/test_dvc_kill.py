@@ -37,14 +37,14 @@ def test_sigkill_at_random_moments_then_repro_equals_an_uninterrupted_run(tmp_pa
         working_tree_repo(repo)
         write_params(repo, tiny_params(teacher))
     t = time.monotonic()
-    sh(clean, DVC, "repro", TARGET)
+    sh(clean, DVC, "repro", TARGET, repo=clean)  # each repo's stages import its own src/
     duration = time.monotonic() - t
     reference = _outputs(clean)
 
     rng = random.Random(SEED)
     finished = 0
     for k in range(KILLS):
-        proc = subprocess.Popen([DVC, "repro", TARGET], cwd=victim, env=env(), stdout=subprocess.PIPE,
+        proc = subprocess.Popen([DVC, "repro", TARGET], cwd=victim, env=env(victim), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             proc.wait(timeout=rng.uniform(0.02, 1.0) * duration / (KILLS - k))  # early kills most: stages are short
@@ -53,10 +53,10 @@ def test_sigkill_at_random_moments_then_repro_equals_an_uninterrupted_run(tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert finished < KILLS, "every run finished before its kill: the test killed nothing"
-    res = sh(victim, DVC, "repro", TARGET, check=False)
+    res = sh(victim, DVC, "repro", TARGET, check=False, repo=victim)
     assert res.returncode == 0, f"dvc repro after {KILLS} kills failed:\n{out(res)}"
     assert "Traceback" not in out(res), out(res)
     got = _outputs(victim)
     assert sorted(got) == sorted(reference)
     assert [k for k in reference if got[k] != reference[k]] == []
-    assert "up to date" in out(sh(victim, DVC, "status", TARGET))
+    assert "up to date" in out(sh(victim, DVC, "status", TARGET, repo=victim))
