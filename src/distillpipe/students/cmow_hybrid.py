@@ -134,9 +134,10 @@ class CMOWHybrid(nn.Module):
                 tok_parts.append(S.flatten(2))
                 seq_parts.append(S[:, 0].flatten(1))  # X_n ... X_1
         else:
-            seq_parts.append(tree_product(Xf).flatten(1))
+            longest = self.task.max_seq_len  # (for an exported graph: see students/scan.py)
+            seq_parts.append(tree_product(Xf, max_len=longest).flatten(1))
             if Xb is not None:
-                seq_parts.append(tree_product(Xb, reverse=True).flatten(1))  # X_n ... X_1
+                seq_parts.append(tree_product(Xb, reverse=True, max_len=longest).flatten(1))  # X_n ... X_1
         return seq_parts, tok_parts
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, tokens: bool) -> Encoding:
