@@ -95,14 +95,22 @@ def make_run(root: Path, name: str, *, task: str, model: dict, encoding: str = "
         tokens.parent.mkdir(parents=True, exist_ok=True)
         made_prepared.rename(prepared)
         made_tokens.rename(tokens)
-        dataset = read_meta(tokens)["name"]
     else:
         make_prepared(prepared, pair=task == "regression", regression=task == "regression")
         cfg = TokenizeConfig(str(teacher), MAX_LEN, {dataset: TokenizeClassificationConfig("classification", None)})
         tokenize_dataset(dataset, prepared, cfg, tokens)
+    return evaluated_run(root, name, prepared=prepared, tokens=tokens, teacher=teacher, model=model,
+                         encoding=encoding, head=None if task == "qa" else head,
+                         bin_width=BIN_WIDTH if task == "regression" else None)
+
+
+def evaluated_run(root: Path, name: str, *, prepared: Path, tokens: Path, teacher: Path, model: dict, encoding: str,
+                  head: str | None, bin_width: float | None) -> dict:
+    """A student with random weights for the tokens, saved as training saves it, and the real evaluate stage's
+    records of it beside its teacher (a model folder with the task's head)."""
     meta = read_meta(tokens)
-    student, cfg, spec = _student(meta, model, encoding=encoding, head=None if task == "qa" else head,
-                                  bin_width=BIN_WIDTH if task == "regression" else None)
+    dataset = meta["name"]
+    student, cfg, spec = _student(meta, model, encoding=encoding, head=head, bin_width=bin_width)
     record = {"name": name, "dataset": dataset, "kind": spec.kind, "metric": "accuracy", "steps": 12, "best_step": 8,
               "dev": None, "init": None, "tokens_fingerprint": meta["fingerprint"],
               "tokenizer_sha256": meta["tokenizer"]["sha256"], "note": f"a tiny {model['student']} for the tests",
