@@ -82,7 +82,7 @@ def _pad_identities(X: torch.Tensor, n) -> torch.Tensor:
 
 def _halve(X: torch.Tensor, reverse: bool) -> torch.Tensor:
     """Neighbouring pairs along dim -3 multiplied, in order: (..., 2m, d, d) -> (..., m, d, d)."""
-    even, odd = X[..., 0::2, :, :], X[..., 1::2, :, :]
+    even, odd = X.unflatten(-3, (-1, 2)).unbind(-3)  # (..., m, d, d) each (an ONNX Split, not two strided Slices)
     first, second = (odd, even) if reverse else (even, odd)
     d = X.shape[-1]
     return torch.bmm(first.reshape(-1, d, d), second.reshape(-1, d, d)).view(first.shape)
