@@ -46,6 +46,8 @@ def predict(folder: Annotated[Path, typer.Argument(help="an exported student (di
         where = "stdin" if str(source) == "-" else str(source)
         if where != "stdin" and not source.is_file():
             raise FileNotFoundError(f"{source} not found")
+        if where == "stdin" and sys.stdin.isatty():
+            typer.echo("reading rows from stdin, one per line; end with Ctrl-D (or give --text / --input)", err=True)
         raw = sys.stdin.read() if where == "stdin" else source.read_text(encoding="utf-8")
         tsv = format == "tsv" or (format == "auto" and source.suffix.lower() == ".tsv")
         rows = rows_from_tsv(raw, p.shape, where) if tsv else rows_from_lines(raw, p.shape)

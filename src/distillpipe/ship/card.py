@@ -168,7 +168,7 @@ def render_card(inp: CardInputs) -> str:
     lines.append("")
 
     onnx = c.get("onnx")
-    lines += ["## Use it", "", "```bash", "pip install distillpipe          # onnx: pip install 'distillpipe[onnx]'",
+    lines += ["## Use it", "", "With distillpipe installed (and its `onnx` extra for ONNX Runtime):", "", "```bash",
               f"distillpipe predict {inp.folder} --text {_example(c)}",
               f"distillpipe predict {inp.folder} --input rows.tsv --out predictions.jsonl"
               + (" --runtime onnx" if onnx else ""), "```", "",
