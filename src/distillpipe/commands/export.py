@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,9 @@ def export(run: Annotated[str, typer.Argument(help="the run to export (a key of 
            = None,
            params: ParamsOpt = Path("params.yaml")) -> None:
     """Export a run's student: safetensors weights, config.json, tokenizer, a model card (and model.onnx)."""
+    for noisy, level in (("onnx_ir", logging.WARNING), ("onnxscript", logging.WARNING),  # a line per graph rewrite
+                         ("torch.onnx._internal.exporter._registration", logging.ERROR)):  # "torchvision is not..."
+        logging.getLogger(noisy).setLevel(level)
     student = student or Path("models/students") / run
     if tokens is None:
         record = student / RECORD_FILE

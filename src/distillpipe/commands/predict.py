@@ -56,6 +56,7 @@ def predict(folder: Annotated[Path, typer.Argument(help="an exported student (di
     lines = "".join(json.dumps(_finite(r), ensure_ascii=False) + "\n" for r in records)
     if out is None:
         sys.stdout.write(lines)
+        sys.stdout.flush()  # before the warnings on stderr, so that a terminal shows them after the records
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(lines, encoding="utf-8")

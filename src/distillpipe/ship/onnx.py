@@ -126,6 +126,11 @@ def export_onnx(model: nn.Module, student: str, task: TaskSpec, path: Path) -> d
     if reason is not None:
         raise OnnxExportError(f"cannot export this {student} student to ONNX: {reason}. Export it without --onnx "
                               "and predict with the PyTorch runtime")
+    try:
+        import onnx
+        import onnxscript  # noqa: F401  (torch.onnx translates with it)
+    except ImportError as e:
+        raise OnnxExportError(f"--onnx needs onnx and onnxscript: pip install -e '.[onnx]' ({e})") from None
     names, outs, multiple = input_names(task), output_names(task), length_multiple(student)
     graph = (_DiffCat if task.encoding == "diffcat" else _Joint)(model, task.kind == "qa").eval()
     chunks = math.ceil(task.max_seq_len / multiple)
@@ -165,10 +170,8 @@ def export_onnx(model: nn.Module, student: str, task: TaskSpec, path: Path) -> d
         raise OnnxExportError(f"the ONNX graph of this {student} student differs from PyTorch by {worst:.2e} "
                               f"(more than {PARITY_TOLERANCE}) on padded batches: not written; export it without "
                               "--onnx")
-    import onnx
-
     opset = next(o.version for o in onnx.load(str(path), load_external_data=False).opset_import if o.domain == "")
-    log.info("ONNX graph %s: opset %d, largest difference from PyTorch %.1e", path, opset, worst)
+    log.info("ONNX graph of the %s student: opset %d, largest difference from PyTorch %.1e", student, opset, worst)
     return {"file": path.name, "inputs": names, "outputs": outs, "length_multiple": multiple,
             "max_length": chunks * multiple if multiple > 1 else task.max_seq_len, "opset": opset,
             "parity_max_difference": worst}

@@ -177,13 +177,14 @@ class Predictor:
         summary = PredictSummary(rows=len(rows))
         records: list[dict[str, Any]] = []
         good: list[int] = []
+        notes: list[tuple[int, str]] = []  # (line, what), for the messages
         for i, row in enumerate(rows):
             rec: dict[str, Any] = {"line": row.line} | ({"id": row.id} if row.id is not None else {})
             problem = check_row(row, self.shape, max_chars)
             if problem is not None:
                 rec["error"] = problem
                 summary.errors += 1
-                summary.messages.append(f"line {row.line}: {problem}")
+                notes.append((row.line, problem))
             else:
                 good.append(i)
             records.append(rec)
@@ -191,12 +192,13 @@ class Predictor:
             chosen = [rows[i] for i in good]
             outs = self._qa(chosen, batch_size, progress) if self.shape == "qa" else \
                 self._classify(chosen, batch_size, progress)
-            for i, (out, truncated) in zip(good, outs):
+            for i, (out, cut) in zip(good, outs):
                 records[i] |= out
-                if truncated:
+                if cut:
                     records[i]["truncated"] = True
                     summary.truncated += 1
-                    summary.messages.append(f"line {rows[i].line}: {truncated}")
+                    notes.append((rows[i].line, cut))
+        summary.messages = [f"line {line}: {what}" for line, what in sorted(notes, key=lambda n: n[0])]
         summary.seconds = time.perf_counter() - t0
         return records, summary
 
