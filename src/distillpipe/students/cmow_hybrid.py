@@ -112,8 +112,8 @@ class CMOWHybrid(nn.Module):
             # probability (1-p)^n (p=0.1, n=64: 0.1%), so training-time products would collapse to ~0 while
             # eval-time products are ~I. A dropped entry here falls back to the identity's entry.
             X = eye + self.dropout(X - eye)
-        if torch.compiler.is_exporting():  # the same values: in ONNX a boolean-mask write is NonZero + ScatterND,
-            return torch.where(mask[:, :, None, None], X, eye)  # 3x a select; in eager the write is the faster
+        if torch.compiler.is_exporting():  # the same values: ONNX Runtime runs the write below as NonZero +
+            return torch.where(mask[:, :, None, None], X, eye)  # ScatterND, 3x this select; eager runs it faster
         X[~mask] = eye  # pads are identities (X is a fresh tensor: the lookup's backward does not need it)
         return X
 
