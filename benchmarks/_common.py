@@ -26,6 +26,21 @@ CMOW_PAPER = {
     "dropout": 0.1,
 }
 MLP_HEAD = {"type": "mlp", "hidden_size": 1000, "dropout": 0.1}  # CMOW paper Table XIII: 1,000 hidden units
+WALDORF_TABLE1 = {
+    "student": "waldorf",
+    "embedding_size": 96,
+    "conv_channels": [96, 192],
+    "conv_kernel": 3,
+    "d_model": 480,
+    "n_layers": 8,
+    "n_heads": 16,
+    "d_ff": 1440,
+    "dropout": 0.1,
+    "init_std": 0.02,
+}
+MINIALBERT_128 = {"student": "minialbert", "embedding_size": 128, "d_model": 768, "n_heads": 12, "d_ff": 3072,
+                  "n_iterations": 6, "adapter_size": 48, "max_position_embeddings": 512, "dropout": 0.1,
+                  "init_std": 0.02}  # the paper's MiniALBERT-128 with adapters (Table 1: 12 M parameters)
 
 
 def arguments(doc: str, **extra: dict) -> argparse.ArgumentParser:

@@ -11,7 +11,20 @@ from __future__ import annotations
 
 import time
 
-from _common import PAD, VOCAB, arguments, bert, free, hf_forward, params, start, student_forward, throughput, timing
+from _common import (
+    PAD,
+    VOCAB,
+    WALDORF_TABLE1,
+    arguments,
+    bert,
+    free,
+    hf_forward,
+    params,
+    start,
+    student_forward,
+    throughput,
+    timing,
+)
 
 from distillpipe.config.base import build
 from distillpipe.config.students import WaLDORfConfig
@@ -19,19 +32,6 @@ from distillpipe.evaluate.speed import random_batch
 from distillpipe.runtime import seed_everything
 from distillpipe.students import build_student
 from distillpipe.students.base import TaskSpec
-
-WALDORF_TABLE1 = {
-    "student": "waldorf",
-    "embedding_size": 96,
-    "conv_channels": [96, 192],
-    "conv_kernel": 3,
-    "d_model": 480,
-    "n_layers": 8,
-    "n_heads": 16,
-    "d_ff": 1440,
-    "dropout": 0.1,
-    "init_std": 0.02,
-}
 
 
 def bench_waldorf(device, batch_size: int, timing: dict) -> None:

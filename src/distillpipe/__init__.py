@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("teacher",),           # loading a teacher, capturing its signals, building the cache
     ("evaluate", "qg"),     # scoring teachers and students, speed, report; question generation
     ("train",),             # training loops: students (distillation, fine-tuning), teacher fine-tuning
+    ("ship",),              # exported students: the folder, ONNX, predict, the model card
     ("scaffold",),          # `distillpipe new-task`: params.yaml entries for a new task
     ("commands",),          # one module per CLI command / DVC stage
     ("cli",),

@@ -11,10 +11,12 @@ import typer
 from distillpipe.commands import (
     augment,
     evaluate,
+    export,
     finetune,
     inspect,
     new_task,
     plan,
+    predict,
     prepare,
     qg_finetune,
     report,
@@ -49,6 +51,8 @@ for name, fn in [
     ("inspect", inspect.inspect),
     ("plan", plan.plan),
     ("new-task", new_task.new_task),
+    ("export", export.export),
+    ("predict", predict.predict),
 ]:
     app.command(name)(fn)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from distillpipe.students.scan import prefix_products, suffix_products, tree_product
+from distillpipe.students.scan import _static_tree_product, prefix_products, suffix_products, tree_product
 
 
 def naive_prefix(X: torch.Tensor) -> torch.Tensor:
@@ -110,3 +110,17 @@ def test_products_stay_bounded_at_paper_init():
 def test_rejects_non_square():
     with pytest.raises(ValueError, match="square"):
         prefix_products(torch.zeros(1, 3, 2, 4))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_static_tree_product_is_bitwise_the_tree(reverse):
+    """The spelling used while exporting (a fixed number of operations for every L <= max_len, ONNX) groups the
+    factors as the tree does and multiplies by exact identities only: the same bits, at every length."""
+    g = torch.Generator().manual_seed(0)
+    for max_len in (32, 100, 128):
+        for L in [*range(1, min(40, max_len)), max_len - 1, max_len]:
+            X = torch.eye(3) + 0.3 * torch.randn(2, L, 3, 3, generator=g)
+            assert torch.equal(_static_tree_product(X, reverse, max_len), tree_product(X, reverse=reverse)), (L,
+                                                                                                             max_len)
+    with pytest.raises(ValueError, match="max_len"):
+        _static_tree_product(torch.eye(3).expand(1, 40, 3, 3), reverse, 32)

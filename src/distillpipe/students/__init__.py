@@ -34,7 +34,8 @@ STUDENTS: dict[str, tuple[type, type[torch.nn.Module]]] = {
 WEIGHTS_FILE = "model.pt"
 RECORD_FILE = "student.json"
 
-__all__ = ["STUDENTS", "StudentOutput", "TaskSpec", "build_student", "load_student", "save_student"]
+__all__ = ["STUDENTS", "StudentOutput", "TaskSpec", "build_student", "load_student", "save_student",
+           "student_from_record"]
 
 
 def build_student(cfg: Any, task: TaskSpec) -> torch.nn.Module:
@@ -58,6 +59,19 @@ def save_student(out_dir: str | Path, model: torch.nn.Module, cfg: Any, task: Ta
     os.replace(tmp, out_dir)
 
 
+def student_from_record(meta: dict, where: str | Path) -> tuple[torch.nn.Module, Any, TaskSpec]:
+    """(a freshly built model, its config, its task) from a record holding ``model`` (the config as a dict) and
+    ``task`` (the TaskSpec as a dict), as :func:`save_student` writes them; ``where`` names the record in errors."""
+    key = meta["model"].get("student")
+    if key not in STUDENTS:
+        raise ValueError(f"{where}: unknown student {key!r}; known: {sorted(STUDENTS)}")
+    cfg = build(STUDENTS[key][0], meta["model"], "model", where)
+    t = dict(meta["task"])
+    t["head"] = build(HeadConfig, t["head"], "task.head", where) if t["head"] is not None else None
+    task = TaskSpec(**t)
+    return build_student(cfg, task), cfg, task
+
+
 def load_student(folder: str | Path, device: torch.device) -> tuple[torch.nn.Module, dict]:
     """(model in eval mode on ``device``, its record) from a folder written by :func:`save_student`."""
     folder = Path(folder)
@@ -65,14 +79,7 @@ def load_student(folder: str | Path, device: torch.device) -> tuple[torch.nn.Mod
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {folder} is not a trained student (run `dvc repro train`)")
     meta = json.loads(path.read_text())
-    key = meta["model"].get("student")
-    if key not in STUDENTS:
-        raise ValueError(f"{path}: unknown student {key!r}; known: {sorted(STUDENTS)}")
-    cfg = build(STUDENTS[key][0], meta["model"], "model", path)
-    t = dict(meta["task"])
-    t["head"] = build(HeadConfig, t["head"], "task.head", path) if t["head"] is not None else None
-    task = TaskSpec(**t)
-    model = build_student(cfg, task)
+    model, cfg, task = student_from_record(meta, path)
     model.load_state_dict(torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True))
     model.to(device).eval()
     return model, {**meta["record"], "model": cfg, "task": task}

@@ -112,6 +112,8 @@ class CMOWHybrid(nn.Module):
             # probability (1-p)^n (p=0.1, n=64: 0.1%), so training-time products would collapse to ~0 while
             # eval-time products are ~I. A dropped entry here falls back to the identity's entry.
             X = eye + self.dropout(X - eye)
+        if torch.compiler.is_exporting():  # the same values: ONNX Runtime runs the write below as NonZero +
+            return torch.where(mask[:, :, None, None], X, eye)  # ScatterND, 3x this select; eager runs it faster
         X[~mask] = eye  # pads are identities (X is a fresh tensor: the lookup's backward does not need it)
         return X
 
@@ -134,9 +136,10 @@ class CMOWHybrid(nn.Module):
                 tok_parts.append(S.flatten(2))
                 seq_parts.append(S[:, 0].flatten(1))  # X_n ... X_1
         else:
-            seq_parts.append(tree_product(Xf).flatten(1))
+            longest = self.task.max_seq_len  # (for an exported graph: see students/scan.py)
+            seq_parts.append(tree_product(Xf, max_len=longest).flatten(1))
             if Xb is not None:
-                seq_parts.append(tree_product(Xb, reverse=True).flatten(1))  # X_n ... X_1
+                seq_parts.append(tree_product(Xb, reverse=True, max_len=longest).flatten(1))  # X_n ... X_1
         return seq_parts, tok_parts
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, tokens: bool) -> Encoding:

@@ -14,11 +14,22 @@ of ``log2 n`` levels instead of ``n`` sequential steps (paper, sec. V-E). Every 
 
 All functions take ``X`` of shape (B, L, d, d), keep the order of the factors, and run on any device and
 dtype. Padding is the caller's business: identity matrices at pad positions leave every product unchanged.
+
+Exporting (torch.export, ONNX): the tree's number of levels depends on L, which an exported graph with a dynamic
+sequence length cannot have, so while a model is being exported :func:`tree_product` is spelled with a fixed
+number of operations for every L up to the caller's ``max_len`` (:func:`_static_tree_product`), the same grouping
+of the factors and therefore bitwise the same product (tested).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+EXPORT_CHUNK = 16
+"""Positions per chunk of the exported spelling of :func:`tree_product`: an exported graph takes sequence lengths
+that are multiples of it (pad with identities, i.e. masked positions, to get there)."""
 
 
 def _identity_like(X: torch.Tensor, n: int) -> torch.Tensor:
@@ -39,18 +50,62 @@ def _mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return torch.bmm(A.reshape(b * n, d, d), B.reshape(b * n, d, d)).view(b, n, d, d)
 
 
-def tree_product(X: torch.Tensor, *, reverse: bool = False) -> torch.Tensor:
+def tree_product(X: torch.Tensor, *, reverse: bool = False, max_len: int | None = None) -> torch.Tensor:
     """Ordered product ``X[:, 0] @ X[:, 1] @ ... @ X[:, L-1]`` by pairwise tree reduction; with ``reverse``
     the backward product ``X[:, L-1] @ ... @ X[:, 0]`` (no reversal copy).
 
-    X: (B, L, d, d) -> (B, d, d). Depth ceil(log2 L) batched matmuls.
+    X: (B, L, d, d) -> (B, d, d). Depth ceil(log2 L) batched matmuls. ``max_len``: the longest L the caller
+    passes, needed only while the model is exported (see the module docstring).
     """
     _check(X)
+    if torch.compiler.is_exporting():
+        if max_len is None:
+            raise ValueError("tree_product: exporting a model needs max_len (the longest sequence it will take)")
+        return _static_tree_product(X, reverse, max_len)
     while X.shape[1] > 1:
         if X.shape[1] % 2:  # odd: an identity partner for the last factor keeps the order
             X = torch.cat([X, _identity_like(X, 1)], dim=1)
         even, odd = X[:, 0::2], X[:, 1::2]
         X = _mm(odd, even) if reverse else _mm(even, odd)  # (B, ceil(L/2), d, d): neighbours, in order
+    return X[:, 0]
+
+
+def _pad_identities(X: torch.Tensor, n) -> torch.Tensor:
+    """(B, L, d, d) -> (B, L + n, d, d): ``n`` identities appended (zeros, plus ones on their diagonals: exact).
+    ``n`` may be symbolic (exporting): then the padding is in the graph even where it comes to 0 rows."""
+    if statically_known_true(n == 0):
+        return X
+    B, L, d, _ = X.shape
+    is_pad = (torch.arange(L + n, device=X.device) >= L).to(X.dtype)  # (L + n,)
+    return F.pad(X, (0, 0, 0, 0, 0, n)) + is_pad[:, None, None] * torch.eye(d, dtype=X.dtype, device=X.device)
+
+
+def _halve(X: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """Neighbouring pairs along dim -3 multiplied, in order: (..., 2m, d, d) -> (..., m, d, d)."""
+    even, odd = X.unflatten(-3, (-1, 2)).unbind(-3)  # (..., m, d, d) each (an ONNX Split, not two strided Slices)
+    first, second = (odd, even) if reverse else (even, odd)
+    d = X.shape[-1]
+    return torch.bmm(first.reshape(-1, d, d), second.reshape(-1, d, d)).view(first.shape)
+
+
+def _static_tree_product(X: torch.Tensor, reverse: bool, max_len: int) -> torch.Tensor:
+    """:func:`tree_product` with a fixed number of operations for every L <= ``max_len``: the sequence is cut into
+    chunks of :data:`EXPORT_CHUNK` (identities appended), each chunk reduced by a fixed tree, and the chunk products
+    (identities appended up to a fixed power-of-two count) by another. Both trees group aligned power-of-two runs
+    of factors, as :func:`tree_product` does, and a product with an identity is exact: the same bits. Traced with
+    a symbolic L, L must be a multiple of the chunk (then no identities are appended to it)."""
+    B, L, d, _ = X.shape
+    c = EXPORT_CHUNK
+    X = _pad_identities(X, -L % c).view(B, -1, c, d, d)  # (B, K, c, d, d)
+    for _ in range(c.bit_length() - 1):
+        X = _halve(X, reverse)  # (B, K, c / 2^j, d, d)
+    X = X[:, :, 0]  # (B, K, d, d): each chunk's product
+    k_max = 1 << (-(-max_len // c) - 1).bit_length()  # chunks of the longest sequence, up to a power of two
+    if X.shape[1] > k_max:
+        raise ValueError(f"tree_product: {L} factors, but max_len is {max_len}")
+    X = _pad_identities(X, k_max - X.shape[1])  # (B, k_max, d, d)
+    while X.shape[1] > 1:  # k_max is a constant: a fixed number of levels
+        X = _halve(X, reverse)
     return X[:, 0]
 
 

@@ -194,7 +194,9 @@ class WaLDORf(nn.Module):
         pos = torch.arange(L, device=ids.device)
         emb = self.ln_emb(self.tok_emb(ids) + self.pos_emb(pos)[None] + self.type_emb(types))  # (B, L, e)
 
-        Lp = STRIDE * -(-L // STRIDE)
+        # ceil(L / 4) with a positive floor division: torch.onnx translates // to ONNX's truncating Div, which is
+        # floor only for non-negative operands (-(-L // 4) exports as floor(L / 4))
+        Lp = STRIDE * ((L + STRIDE - 1) // STRIDE)
         x = F.pad(self.drop(emb), (0, 0, 0, Lp - L)).transpose(1, 2)  # (B, e, Lp)
         mask_1 = F.pad(mask, (0, Lp - L), value=False)  # (B, Lp)
         x, mask_2 = self.down_1(x, mask_1)  # (B, c1, Lp/2), (B, Lp/2)

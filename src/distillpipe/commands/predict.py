@@ -1,0 +1,73 @@
+"""``distillpipe predict``: an exported student on text (``--text``, a file of lines or TSV, stdin), JSON lines out."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from distillpipe.commands.base import user_errors
+from distillpipe.runtime import resolve_device
+from distillpipe.ship.predict import PredictInputError, Predictor, rows_from_lines, rows_from_texts, rows_from_tsv
+
+SHOWN_MESSAGES = 10
+
+
+@user_errors
+def predict(folder: Annotated[Path, typer.Argument(help="an exported student (distillpipe export)")],
+            text: Annotated[list[str] | None, typer.Option(help="a text to predict; repeat for more. A pair or QA "
+                                                                "row: its two fields separated by a TAB")] = None,
+            input: Annotated[Path | None, typer.Option(help="a file of lines, or a .tsv with a header; - = stdin "
+                                                           "(the default without --text)")] = None,
+            format: Annotated[Literal["auto", "lines", "tsv"], typer.Option(
+                help="how to read --input: auto = tsv for *.tsv, lines otherwise")] = "auto",
+            out: Annotated[Path | None, typer.Option(help="JSON lines file to write [stdout]")] = None,
+            runtime: Annotated[Literal["torch", "onnx"], typer.Option(help="PyTorch, or ONNX Runtime on "
+                                                                          "model.onnx")] = "torch",
+            device: Annotated[str, typer.Option(help="auto, cpu or cuda[:i]")] = "auto",
+            batch_size: Annotated[int, typer.Option(help="rows per forward")] = 32,
+            max_chars: Annotated[int, typer.Option(help="longer fields are refused (an error record)")] = 100_000,
+            ) -> None:
+    """Predict with an exported student: one JSON line per input row (labels and probabilities, a score, or an
+    answer span), in input order; a bad row gets an "error" field and a message, the others are predicted."""
+    if batch_size < 1 or max_chars < 1:
+        raise PredictInputError("--batch-size and --max-chars must be >= 1")
+    p = Predictor(folder, runtime=runtime, device=resolve_device(device))
+    if text and input is not None:
+        raise PredictInputError("give --text or --input, not both")
+    if text:
+        rows, progress = rows_from_texts(text, p.shape), False
+    else:
+        source = input or Path("-")
+        where = "stdin" if str(source) == "-" else str(source)
+        if where != "stdin" and not source.is_file():
+            raise FileNotFoundError(f"{source} not found")
+        if where == "stdin" and sys.stdin.isatty():
+            typer.echo("reading rows from stdin, one per line; end with Ctrl-D (or give --text / --input)", err=True)
+        raw = sys.stdin.read() if where == "stdin" else source.read_text(encoding="utf-8")
+        tsv = format == "tsv" or (format == "auto" and source.suffix.lower() == ".tsv")
+        rows = rows_from_tsv(raw, p.shape, where) if tsv else rows_from_lines(raw, p.shape)
+        progress = where != "stdin"
+    records, summary = p.predict(rows, batch_size=batch_size, max_chars=max_chars, progress=progress)
+    lines = "".join(json.dumps(_finite(r), ensure_ascii=False) + "\n" for r in records)
+    if out is None:
+        sys.stdout.write(lines)
+        sys.stdout.flush()  # before the warnings on stderr, so that a terminal shows them after the records
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(lines, encoding="utf-8")
+    for m in summary.messages[:SHOWN_MESSAGES]:
+        typer.secho(f"warning: {m}", fg=typer.colors.YELLOW, err=True)
+    if len(summary.messages) > SHOWN_MESSAGES:
+        typer.secho(f"warning: ... and {len(summary.messages) - SHOWN_MESSAGES} more (see the records)",
+                    fg=typer.colors.YELLOW, err=True)
+    typer.echo(summary.one_line(), err=True)
+
+
+def _finite(record: dict) -> dict:
+    """JSON has no infinity: a QA no-answer score with no span at all is written as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
