@@ -209,7 +209,7 @@ def test_sigkill_mid_augment_then_resume_gives_the_same_rows(corpus, toy_qa, tin
     assert _files(tmp_path / "out") == _files(tmp_path / "ref")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2])  # 2 workers cover 1 (budget)
 def test_chunks_as_dask_tasks_give_the_same_rows(corpus, toy_qa, tiny_qg, tmp_path, workers):
     """One task per chunk on a LocalCluster of worker processes: the same dataset, byte for byte, as in this
     process, whatever the number of workers and the order the chunks finish in."""

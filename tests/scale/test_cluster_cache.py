@@ -56,7 +56,7 @@ def build_on(tiny, out, settings):
                                cluster=settings)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2])  # 2 workers cover 1 (suite budget)
 def test_local_cluster_store_is_byte_identical_to_inprocess(tiny, tmp_path, workers):
     summary = build_on(tiny, tmp_path / "s.zarr", cluster_settings(DISTILLPIPE_CLUSTER="local",
                                                                    DISTILLPIPE_WORKERS=str(workers)))
@@ -118,6 +118,7 @@ def _params(tmp_path):
                              "signals": signals(hidden_layers=[1, 2], attn_layers=[2], pool=2)}}}})
 
 
+@pytest.mark.slow  # ~25 s: a separate scheduler process; the killed-worker test above covers resume on a cluster
 def test_address_kind_joins_a_running_scheduler_and_a_killed_driver_resumes(tiny, tmp_path, external_cluster):
     env = {"DISTILLPIPE_SCHEDULER": external_cluster}
     params = _params(tmp_path)

@@ -10,6 +10,7 @@ from _tiny import make_tiny_bert_dir
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 
 
+@pytest.mark.slow  # ~60 s: several real `dvc repro`s; tests/test_dvc_deps.py checks the params deps, fast
 def test_cluster_settings_change_no_output(tmp_path, monkeypatch):
     teacher = make_tiny_bert_dir(tmp_path / "teacher")
     repo = working_tree_repo(tmp_path / "repo")

@@ -156,6 +156,7 @@ def test_one_stream_shared_by_2_and_4_processes_gives_the_weights_of_one(toy, tm
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+@pytest.mark.slow  # ~50 s: torchrun twice; test_two_processes_give_the_weights_of_one stays in the default suite
 def test_killed_rank_fails_cleanly_and_the_rerun_resumes_every_rank_exactly(toy, tmp_path):
     ref = _train(toy, tmp_path, tmp_path / "ref", nproc=2, dropout=0.1)  # dropout on: RNG states must resume
     assert ref.returncode == 0, ref.stderr

@@ -52,6 +52,7 @@ def _weights(folder):
     return torch.load(folder / "model.pt", weights_only=True)
 
 
+@pytest.mark.slow  # ~35 s; tests/test_identity.py and test_checkpoints.py check the identity and restart, fast
 def test_changed_init_weights_start_over_instead_of_resuming(toy, tmp_path):
     """A finetune killed at step 12 whose init student then changes must not resume from the old-init
     checkpoint (it did: the resume identity held the init path, not its content)."""
@@ -101,7 +102,8 @@ def _flip(path, n=5):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "deleted"])
+@pytest.mark.parametrize("damage", ["flipped", pytest.param("truncated", marks=pytest.mark.slow),
+                                    pytest.param("deleted", marks=pytest.mark.slow)])  # tests/store: all three, fast
 def test_training_refuses_a_damaged_cache_with_exit_2(toy, tmp_path, damage):
     store = tmp_path / "cls.zarr"
     shutil.copytree(toy["store"], store)

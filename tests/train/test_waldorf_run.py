@@ -87,6 +87,7 @@ def _asdict(run):
     return dataclasses.asdict(run)
 
 
+@pytest.mark.slow  # ~40 s; tests/train/test_loop.py kills and resumes a run in the default suite
 def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path):
     slow = {"kind": "slow_build", "phase_steps": 6, "build_fraction": None, "warmup_fraction": 0.0,
             "temperature": 3.0}
