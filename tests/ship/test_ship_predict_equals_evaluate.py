@@ -89,7 +89,7 @@ def test_qa_answers_equal_evaluate(qa_run, exported, tmp_path):
     answered = [g for g in got if g["has_answer"]]
     assert answered and len(answered) < len(got), "all or no abstentions would make the threshold untested"
     metrics = json.loads(qa_run["metrics"].read_text())["test"]
-    assert all(g["threshold"] == json.loads(qa_run["metrics"].read_text())["dev"]["threshold"] for g in got)
+    assert all(g["threshold"] == json.loads(qa_run["metrics"].read_text())["dev"]["tuned_threshold"] for g in got)
     assert 100 * sum(evaluated[g["id"]]["em"] for g in got) / len(got) == pytest.approx(metrics["exact"])
 
 

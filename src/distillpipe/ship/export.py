@@ -115,7 +115,7 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
     bootstrap = load_section(params_path, "report", ReportConfig).bootstrap
     qa = None
     if task.kind == "qa":
-        threshold = (metrics.get("dev") or {}).get("threshold")
+        threshold = (metrics.get("dev") or {}).get("tuned_threshold")  # the threshold evaluate applied to test
         if threshold is None:
             raise ExportError(f"{metrics_path} has no dev no-answer threshold (QA needs it); {redo} with dev in "
                               "evaluate.splits")
