@@ -2,7 +2,13 @@
 `cache.shared group`): workspace outputs are links to the cache's files, so a stage that wrote into an existing
 file would silently corrupt the cache for everyone. A teacher_cache build, a rebuild, a resumed build and a
 training run must never modify a cache file in place: afterwards every file of the cache still has the md5 its
-name says. Two clones sharing one cache dir build and check out without clobbering each other."""
+name says. Two clones sharing one cache dir build and check out without clobbering each other.
+
+Two things keep the cache intact, and this test checks what they give together: DVC copies a persisted output
+(the store) out of the cache before it re-runs its stage (`unprotect`; a run of this test with a store writer
+sabotaged to write its manifest in place still passed), and the stages replace files by renames, never writing
+into one (tests/store/test_store_writer.py::test_a_resume_and_a_rebuild_never_write_through_a_link fails for
+that same sabotage)."""
 
 import hashlib
 import shutil

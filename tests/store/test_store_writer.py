@@ -14,7 +14,7 @@ from store_helpers import HERE, full_arrays, shard_arrays, tiny_manifest, tree_f
 from distillpipe.store.manifest import StoreIncomplete
 from distillpipe.store.reader import open_store
 from distillpipe.store.resume import create_or_resume
-from distillpipe.store.shards import marked_shards
+from distillpipe.store.shards import marked_shards, marker_path
 from distillpipe.store.writer import write_shard
 
 HELPER = str(HERE / "store_helpers.py")
@@ -257,3 +257,33 @@ def test_recorded_shards_reach_the_manifest_at_close_and_the_markers_at_once(tmp
     w.write_shard(3, shard_arrays(manifest, 3))
     w.finalize()
     assert on_disk() == [0, 1, 2, 3] and open_store(path, manifest).manifest.complete
+
+
+def test_a_resume_and_a_rebuild_never_write_through_a_link(tmp_path):
+    """With DVC's hardlink/symlink cache types a store's files are links into the cache: a write into an existing
+    file would change the cache for everyone. Every file (data, markers, manifest) is replaced by a rename, never
+    written in place; so a hardlinked copy of the store (the "cache") keeps its bytes through a resume that
+    re-saves the manifest and writes a lost shard, and through a rebuild. (DVC also copies a persisted output
+    out of the cache before it re-runs the stage; tests/test_dvc_links.py checks the whole flow.)"""
+    manifest, path, cache = tiny_manifest(), tmp_path / "s.zarr", tmp_path / "cache"
+    w = create_or_resume(path, manifest)
+    for i in range(manifest.n_shards):
+        w.write_shard(i, shard_arrays(manifest, i))
+    w.finalize()
+    for p in [p for p in path.rglob("*") if p.is_file()]:
+        (cache / p.relative_to(path)).parent.mkdir(parents=True, exist_ok=True)
+        os.link(p, cache / p.relative_to(path))
+    before = tree_files(cache)
+    for p in [p for p in path.rglob("*") if p.is_file() and "/c/2" in p.as_posix()] + [marker_path(path, 2)]:
+        p.unlink()  # a build killed before shard 2
+    w = create_or_resume(path, manifest)  # resume: saves the manifest (shards 0, 1, 3), writes shard 2
+    assert w.pending_shards() == [2]
+    assert tree_files(cache) == before  # (a final manifest equal to the first would hide an in-place write)
+    w.write_shard(2, shard_arrays(manifest, 2))
+    w.finalize()
+    assert tree_files(cache) == before
+    w = create_or_resume(path, tiny_manifest(tokens_fingerprint="tok-fp-2"))  # rebuild: other inputs
+    for i in range(manifest.n_shards):
+        w.write_shard(i, shard_arrays(manifest, i, seed=1))
+    w.finalize()
+    assert tree_files(cache) == before
