@@ -26,7 +26,7 @@ def augment(name: Annotated[str, typer.Option(help="name of the augmented datase
     """Generate questions for unlabeled paragraphs (chunked, resumable) into a prepared QA dataset.
 
     Where the chunks are generated (this process or a dask cluster) is a machine setting: machine.yaml or
-    DISTILLPIPE_CLUSTER / DISTILLPIPE_WORKERS / DISTILLPIPE_SCHEDULER (README: Scaling out)."""
+    DISTILLPIPE_CLUSTER / DISTILLPIPE_WORKERS / DISTILLPIPE_SCHEDULER (docs/scaling-out.md)."""
     summary = run_augment(name, corpus, exclude, qg, load_section(params, "augment", AugmentConfig), out, chunks,
                           cluster=load_machine().cluster)
     typer.echo(summary.one_line())

@@ -23,7 +23,7 @@ def teacher_cache(dataset: DatasetOpt,
     """Run the teacher over a tokens split and cache its signals in a sharded, resumable Zarr store.
 
     Where the shards are computed (this process or a dask cluster) is a machine setting: machine.yaml or
-    DISTILLPIPE_CLUSTER / DISTILLPIPE_WORKERS / DISTILLPIPE_SCHEDULER (README: Scaling out)."""
+    DISTILLPIPE_CLUSTER / DISTILLPIPE_WORKERS / DISTILLPIPE_SCHEDULER (docs/scaling-out.md)."""
     cfg = load_section(params, "teacher_cache", TeacherCacheConfig)
     dcfg = named_entry(cfg, dataset, params, "teacher_cache", "datasets")
     summary = build_teacher_cache(dataset, tokens, teacher, dcfg, cfg.device, cfg.batch_size, cfg.shard_rows, out,

@@ -52,7 +52,7 @@ class ClusterSettings:
     """Where the teacher cache's shards and augment's chunks run (one dask task each)."""
 
     kind: Literal["inprocess", "local", "local_cuda", "address", "slurm"]
-    """``inprocess``: this process, no dask (the embedded default: fastest on 2 cores, see README);
+    """``inprocess``: this process, no dask (the embedded default: fastest on 2 cores, see docs/scaling-out.md);
     ``local``: a ``distributed.LocalCluster``; ``local_cuda``: a ``dask_cuda.LocalCUDACluster``, one worker
     per visible GPU (``pip install -e .[cuda]``); ``address``: join the running scheduler at ``address``;
     ``slurm``: a ``dask_jobqueue.SLURMCluster`` of ``jobs`` jobs (``pip install -e .[slurm]``)."""
@@ -62,7 +62,7 @@ class ClusterSettings:
     """Tasks a worker runs at once: one computes (a worker's teacher serves one shard at a time), the others
     encode and write finished shards meanwhile. ``inprocess`` too: ``threads_per_worker - 1`` shard writers.
     2 suits small rows; rows of MBs (WaLDORf's, MiniALBERT's) on a many-core GPU box need more writers, each
-    holding one shard twice (README "At scale"). The torch threads of one computation are the stage's
+    holding one shard twice (docs/at-scale.md). The torch threads of one computation are the stage's
     ``cpu_threads`` param (they decide the bytes)."""
     memory_limit: str | None
     """Per worker (``local``/``local_cuda``): ``16GiB``, ``auto`` (RAM split between workers) or null."""

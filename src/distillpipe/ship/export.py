@@ -4,7 +4,7 @@ Reads the student (``models/students/<run>``), its tokens' meta.json (labels, ma
 tokenizer it was made with), the evaluate stage's records (scores, per-example predictions: the card's intervals;
 QA: the no-answer threshold tuned on dev), the speed stage's record when there is one, and params.yaml (the run's
 params for the card). Writes into ``<out>.partial`` and renames it into place, so an interrupted export leaves no
-half folder. Not a DVC stage: exporting is a deployment step on a run you chose (README, "Use your student").
+half folder. Not a DVC stage: exporting is a deployment step on a run you chose (docs/use-your-student.md).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
                           "export a task student, i.e. a finetune run initialised from it (finetune.runs)")
     if onnx and (reason := refusal(cfg.student, head_type(task))):
         raise ExportError(f"cannot export {run} to ONNX: {reason}. Export it without --onnx (and predict with the "
-                          "PyTorch runtime); README \"Use your student\" lists what exports")
+                          "PyTorch runtime); docs/use-your-student.md lists what exports")
     meta = read_meta(tokens_dir)
     if meta.get("name") != record["dataset"] or meta["tokenizer"]["sha256"] != record["tokenizer_sha256"]:
         raise ExportError(f"{tokens_dir} holds the tokens of {meta.get('name')!r} (or another tokenizer's), but {run} "

@@ -69,7 +69,7 @@ CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
 # states, embeddings and scores of full rows); what compresses is padding (runs of fill values), which lz4 takes
 # nearly as well (zstd 2.3x / 3.5x vs lz4 2.2x / 3.0x on padded hidden states / scores). zstd cost 5-10x the CPU to
 # encode and ~10x to decode (~0.1-0.5 vs 1-5 GB/s a core): the ceiling of a WaLDORf-size build on a 16-core GPU
-# box and of a student's loader (benchmarks/at_scale.py; README "At scale").
+# box and of a student's loader (benchmarks/at_scale.py; docs/at-scale.md).
 BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "shuffle"
 
 
