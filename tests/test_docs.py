@@ -1,0 +1,307 @@
+"""The docs cannot drift from the code: README.md and docs/*.md are checked against the CLIs, the Makefile and the tree.
+
+- Every ``distillpipe ...`` command line in a fenced code block (and every inline code span that starts with
+  ``distillpipe ``) names a real subcommand, and click's own parser, built from the Typer app of
+  ``distillpipe.cli``, accepts its options: an unknown or renamed option fails, and so does a choice value the
+  option does not have or more positional arguments than the command takes.
+- Every ``dvc ...`` line is parsed by DVC's own argparse parser (``dvc.cli.parser``, nothing is run), with prefix
+  abbreviations turned off so that ``--only`` does not pass for ``--only-changed``; ``dvc repro`` targets name
+  stage groups of dvc.yaml.
+- ``make <target>`` names a target of the Makefile.
+- Relative links point to existing files, and their ``#anchors`` to headings of those files (GitHub's slugs);
+  inline code spans that are repository paths (``src/...``, ``tests/...``, ``benchmarks/...``, ``stages/...``) exist.
+
+Shell syntax is read as a shell would split it: ``\\`` continuations, ``NAME=value`` prefixes, ``cd x &&`` chains
+and pipes, comments, redirections, and a ``$ `` prompt. Placeholders (``<name>``), ``...`` and the ``[--opt]``
+brackets of optional parts are not words the CLI sees. The checker itself is tested on invented options below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+import typer
+import yaml
+
+from distillpipe.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+COMMANDS = ("distillpipe", "dvc", "make")
+SEPARATORS = {"&&", "||", ";", "|", "&"}
+REDIRECTS = {">", ">>", "<", "2>", "2>&1", "&>"}
+PLACEHOLDER = re.compile(r"<[^<>\s]+>")
+PATH_PREFIXES = ("src/", "tests/", "benchmarks/", "stages/")
+
+
+# ---------------------------------------------------------------------------------------------------- reading pages
+
+def fenced_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, logical line) of every fenced code block, ``\\`` continuations joined."""
+    out, fence, pending, start = [], False, "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+            continue
+        if not fence:
+            continue
+        if not pending:
+            start = number
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        out.append((start, pending + line))
+        pending = ""
+    return out
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks."""
+    return re.sub(r"^\s*```.*?^\s*```[^\n]*$", "", text, flags=re.M | re.S)
+
+
+def inline_code(text: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", prose(text))
+
+
+def command_lines(page: Path) -> list[tuple[str, str]]:
+    """(where, line) of every command line the page shows: fenced blocks, and inline code that starts with one."""
+    text = page.read_text()
+    name = page.relative_to(ROOT)
+    found = [(f"{name}:{n}", line) for n, line in fenced_lines(text)]
+    found += [(f"{name} (inline)", span) for span in inline_code(text) if span.split(" ")[0] == "distillpipe"
+              and " " in span]
+    return found
+
+
+def segments(line: str) -> list[list[str]]:
+    """The simple commands of a shell line that start with one of COMMANDS, as the words the program receives."""
+    line = line.strip()
+    if line.startswith("$ "):
+        line = line[2:]
+    line = PLACEHOLDER.sub("X", line).replace("$'", "'")
+    words = [w for w in re.split(r"\s+", line) if w]
+    if not any(w in COMMANDS for w in words):
+        return []
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    tokens = list(lexer)
+    out, current = [], []
+    for token in [*tokens, ";"]:
+        if token in SEPARATORS:
+            out.append(current)
+            current = []
+        else:
+            current.append(token)
+    commands = []
+    for seg in out:
+        while seg and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", seg[0]):  # NAME=value prefixes
+            seg = seg[1:]
+        words, skip = [], False
+        for token in seg:
+            if skip:
+                skip = False
+            elif token in REDIRECTS:
+                skip = True
+            elif token not in ("...", "…"):
+                words.append(token.removeprefix("[").removesuffix("]"))
+        if words and words[0] in COMMANDS:
+            commands.append(words)
+    return commands
+
+
+# ---------------------------------------------------------------------------------------------------- the checkers
+
+CLI = typer.main.get_command(app)
+
+
+def check_distillpipe(words: list[str]) -> None:
+    """Raise AssertionError unless the distillpipe command line parses with click's own parser."""
+    args = words[1:]
+    if args in ([], ["--help"]):
+        return
+    assert args[0] in CLI.commands, f"no subcommand {args[0]!r} (have {sorted(CLI.commands)})"
+    cmd = CLI.commands[args[0]]
+    ctx = click.Context(cmd, info_name=args[0], resilient_parsing=True)
+    try:
+        values, extra, _ = cmd.make_parser(ctx).parse_args(args[1:])
+    except click.UsageError as e:
+        raise AssertionError(f"distillpipe {args[0]}: {e.format_message()}") from None
+    arguments = [p for p in cmd.params if isinstance(p, click.Argument)]
+    if not any(p.nargs == -1 for p in arguments):
+        assert len(extra) <= len(arguments), f"distillpipe {args[0]}: unexpected arguments {extra[len(arguments):]}"
+    for p in cmd.params:
+        given = values.get(p.name)
+        if isinstance(p.type, click.Choice) and isinstance(given, str) and given != "X":
+            assert given in p.type.choices, f"distillpipe {args[0]} {p.opts[0]} {given}: not in {p.type.choices}"
+
+
+def _dvc_parser() -> argparse.ArgumentParser:
+    from dvc.cli.parser import get_main_parser
+
+    parser = get_main_parser.__wrapped__()  # a fresh one: abbreviations are turned off below
+    todo = [parser]
+    while todo:
+        p = todo.pop()
+        p.allow_abbrev = False
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return parser
+
+
+DVC_PARSER = _dvc_parser()
+DVC_STAGES = set(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
+
+
+def check_dvc(words: list[str]) -> None:
+    """Raise AssertionError unless DVC's own parser accepts the line (nothing runs)."""
+    from dvc.cli import DvcParserError
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            ns, unknown = DVC_PARSER.parse_known_args(words[1:])
+    except (DvcParserError, SystemExit):
+        raise AssertionError(f"dvc rejects {shlex.join(words)}:\n{out.getvalue()[-800:]}") from None
+    assert not unknown, f"dvc: unrecognized arguments {unknown}"
+    if words[1:2] == ["repro"]:
+        for target in ns.targets:
+            if "/" not in target and target != "X":  # a stage (group), not a dvc.yaml path or a placeholder
+                assert target.split("@")[0] in DVC_STAGES, f"dvc repro {target}: no such stage in dvc.yaml"
+
+
+MAKE_TARGETS = set(re.findall(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", (ROOT / "Makefile").read_text(), flags=re.M))
+
+
+def check_make(words: list[str]) -> None:
+    for target in words[1:]:
+        if not target.startswith("-") and "=" not in target:
+            assert target in MAKE_TARGETS, f"make {target}: no such target (have {sorted(MAKE_TARGETS)})"
+
+
+CHECKERS = {"distillpipe": check_distillpipe, "dvc": check_dvc, "make": check_make}
+
+
+def check_line(line: str) -> int:
+    """Check every command of one shell line; return how many were checked."""
+    commands = segments(line)
+    for words in commands:
+        CHECKERS[words[0]](words)
+    return len(commands)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, markup and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*?|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in prose(page.read_text()).splitlines():
+        if m := re.match(r"#{1,6} (.+)", line):
+            s = slug(m.group(1))
+            out.add(s if s not in seen else f"{s}-{seen[s]}")
+            seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def broken_links(page: Path) -> list[str]:
+    text = re.sub(r"`[^`\n]*`", "", prose(page.read_text()))
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no file {file}")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {file.name}")
+    return broken
+
+
+# ---------------------------------------------------------------------------------------------------- the tests
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_commands_exist(page):
+    failures, checked = [], 0
+    for where, line in command_lines(page):
+        try:
+            checked += check_line(line)
+        except (AssertionError, ValueError) as e:  # ValueError: shlex on unbalanced quotes
+            failures.append(f"{where}: {line.strip()}\n    {e}")
+    assert not failures, "\n".join(failures)
+
+
+def test_pages_show_commands():
+    """The checker sees the commands the pages show (a parsing slip would otherwise pass everything)."""
+    counts = {p.name: sum(check_line(line) for _, line in command_lines(p)) for p in PAGES}
+    assert counts["README.md"] >= 4 and counts["use-your-student.md"] >= 6 and counts["your-data.md"] >= 8, counts
+    assert sum(counts.values()) >= 60, counts
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_and_paths_exist(page):
+    broken = broken_links(page)
+    for span in inline_code(page.read_text()):
+        if span.startswith(PATH_PREFIXES) and not re.search(r"[<>*{}\s]|\.\.\.", span):
+            if not (ROOT / span.split(":")[0]).exists():
+                broken.append(f"`{span}`: no such path")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_page_is_linked_from_the_readme():
+    linked = set(re.findall(r"\]\(docs/([^)#]+)", (ROOT / "README.md").read_text()))
+    assert {p.name for p in PAGES[1:]} <= linked
+
+
+@pytest.mark.parametrize("line", [
+    "distillpipe plan --no-such-flag",                                  # an invented option
+    "distillpipe no-such-command --out x",                              # an invented subcommand
+    "distillpipe export hybrid-polarity --out a b",                     # one positional too many
+    "distillpipe predict exported/x --runtime tensorflow",              # a choice the option does not have
+    "cd x && distillpipe predict DIR --text a \\\n --no-such-flag",       # continuation, cd chain
+    "DISTILLPIPE_CLUSTER=local dvc repro teacher_cache --no-such-flag",  # an env prefix
+    "cat x | distillpipe predict DIR --no-such > y.jsonl",
+    "dvc exp show --only",                                              # an abbreviation argparse would accept
+    "dvc exp shw",
+    "dvc repro no_such_stage@x",
+    "make no-such-target",
+])
+def test_checker_rejects_invented(line):
+    lines = [joined for _, joined in fenced_lines(f"```\n{line}\n```")]
+    with pytest.raises(AssertionError):
+        for joined in lines:
+            check_line(joined)
+
+
+@pytest.mark.parametrize("line", [
+    "distillpipe predict exported/x --text $'a\\tb' --runtime onnx   # a comment --no-such-flag",
+    "dvc exp apply <name>",
+    "distillpipe prepare --dataset wiki --out data/prepared/wiki [--params params.yaml]",
+    "$ distillpipe plan",
+    "git add dvc.lock && git commit -m 'make no-such-target'",          # not a make command
+])
+def test_checker_accepts_real(line):
+    assert check_line(line) <= 1
+
+
+def test_link_checker_rejects(tmp_path):
+    page = ROOT / "docs" / "pipeline.md"
+    assert "no-such-heading" not in anchors(page)
+    assert slug("What \"up to date\" means here") == "what-up-to-date-means-here"
+    assert slug("Experiments: dvclive, `dvc exp`, `dvc plots`") == "experiments-dvclive-dvc-exp-dvc-plots"
+    bad = tmp_path / "bad.md"
+    bad.write_text("[a](no-such.md) [b](#no-such-heading) `[c](ignored.md)`\n# Here\n[d](#here)\n")
+    assert [b.split(":")[0] for b in broken_links(bad)] == ["no-such.md", "#no-such-heading"]
