@@ -1,4 +1,4 @@
-"""A DVC cache shared through links (README "Sharing across machines": `cache.type hardlink,symlink`,
+"""A DVC cache shared through links (docs/sharing.md: `cache.type hardlink,symlink`,
 `cache.shared group`): workspace outputs are links to the cache's files, so a stage that wrote into an existing
 file would silently corrupt the cache for everyone. A teacher_cache build, a rebuild, a resumed build and a
 training run must never modify a cache file in place: afterwards every file of the cache still has the md5 its

@@ -95,7 +95,7 @@ def test_two_clones_share_the_pipeline_through_an_ssh_remote(tmp_path):
         assert not {s for s in _ran(res) if s.split("@")[0] in ("prepare", "tokenize", "teacher_import",
                                                                  "teacher_finetune", "teacher_cache")}, res
 
-        # C trains the same student with new params, pulling only what it needs (partial pull: README).
+        # C trains the same student with new params, pulling only what it needs (partial pull: docs/sharing.md).
         sh(tmp_path, "git", "clone", "-q", str(a), str(c))
         _add_remote(c, server, remote)
         write_params(c, params)

@@ -105,8 +105,8 @@ def test_new_task_lengths(tmp_path):
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to ask what it ignores")
 def test_raw_data_pointers_are_committable(tmp_path):
-    """README: your files go under data/raw/<name>/, `dvc add data/raw/<name>`, commit the .dvc file. The rest of
-    data/ is pipeline output and stays ignored (the files themselves are DVC's)."""
+    """docs/your-data.md: your files go under data/raw/<name>/, `dvc add data/raw/<name>`, commit the .dvc file.
+    The rest of data/ is pipeline output and stays ignored (the files themselves are DVC's)."""
     shutil.copy(ROOT_PARAMS.parent / ".gitignore", tmp_path / ".gitignore")
     sh(tmp_path, "git", "init", "-q")
     sh(tmp_path, DVC, "init", "-q")
