@@ -22,6 +22,8 @@ import contextlib
 import io
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
@@ -319,3 +321,23 @@ def test_link_checker_rejects(tmp_path):
     bad = tmp_path / "bad.md"
     bad.write_text("[a](no-such.md) [b](#no-such-heading) `[c](ignored.md)`\n# Here\n[d](#here)\n")
     assert [b.split(":")[0] for b in broken_links(bad)] == ["no-such.md", "#no-such-heading"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="asks git what it ignores")
+def test_quick_start_commits_what_a_run_leaves_untracked():
+    """The README's `git add` after the first `make repro` names every path a run leaves for git: dvc.lock, each
+    `cache: false` output, and the .gitignore DVC writes beside a cached output that git does not ignore already
+    (checked against a fresh clone's `git status` once: dvc.lock live metrics predictions reports)."""
+    untracked = {"dvc.lock"}
+    for stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values():
+        stage = stage.get("do", stage)
+        for entry in [*stage.get("outs", []), *stage.get("metrics", []), *stage.get("plots", [])]:
+            path, options = next(iter(entry.items())) if isinstance(entry, dict) else (entry, {})
+            path = re.sub(r"\$\{[^}]+\}", "x", path)
+            ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
+            if options.get("cache", True) is False or not ignored:  # not ignored and cached: DVC adds a .gitignore
+                untracked.add(path.split("/")[0])
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):readme.index("\n## ", readme.index("## Quick start") + 1)]
+    adds = [shlex.split(line) for _, line in fenced_lines(quick_start) if line.startswith("git add ")]
+    assert len(adds) == 1 and set(adds[0][2:]) == untracked, (adds, untracked)
