@@ -78,9 +78,10 @@ def tiny_params(teacher: Path) -> dict:
     params["train_lm"].update(device="cpu", loader=loader, runs={})
     params["word_vectors"].update(tables={}, local={})
     params["finetune"].update(device="cpu", loader=loader, runs={})
-    params["evaluate"].update(device="cpu", runs={"tiny": {"dataset": "polarity", "teacher": "polarity"}})
+    params["evaluate"].update(device="cpu", runs={"tiny": {"student": "cmow_hybrid", "dataset": "polarity",
+                                                               "teacher": "polarity"}})
     params["speed"] = {"device": "cpu", "batch_size": 8, "seq_len": 16, "warmup": 0, "repeats": 1,
-                       "batches_per_repeat": 1, "runs": {"tiny": {"teacher": "polarity"}}}
+                       "batches_per_repeat": 1, "runs": {"tiny": {"student": "cmow_hybrid", "teacher": "polarity"}}}
     params["report"]["tables"] = []
     return params
 
