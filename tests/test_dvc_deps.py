@@ -134,20 +134,32 @@ def test_the_static_closure_holds_every_module_python_really_imports():
         missing = got - imported(script)
         assert not missing, f"{name}: Python imports {sorted(missing)}, the static closure misses them"
         assert not got & arch_files, f"{name}: importing the stage loads {sorted(got & arch_files)}"
-    for arch in ARCHITECTURES:  # building one student loads its architecture and no other
-        got = loaded(f"from distillpipe.students import student_class\nstudent_class({arch!r})")
+    # building a student loads its architecture and no other (one interpreter: what each build adds to sys.modules)
+    code = ("import json, sys\nfrom distillpipe.students import student_class\nnew = {}\n"
+            f"for arch in {list(ARCHITECTURES)!r}:\n"
+            "    before = set(sys.modules)\n"
+            "    student_class(arch)\n"
+            "    new[arch] = sorted(sys.modules[n].__file__ for n in set(sys.modules) - before\n"
+            "                       if n.split('.')[0] == 'distillpipe')\n"
+            "print(json.dumps(new))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    for arch, files in json.loads(res.stdout.splitlines()[-1]).items():
+        got = {Path(f).resolve().relative_to(ROOT).as_posix() for f in files}
         assert got & arch_files == {f"src/distillpipe/students/{arch}.py"}, (arch, sorted(got & arch_files))
-        missing = got - _rel(import_closure([f"distillpipe.students.{arch}", "distillpipe.students"],
-                                            package_dir=ROOT / "src" / "distillpipe"))
+        missing = got - _rel(import_closure([f"distillpipe.students.{arch}"], package_dir=ROOT / "src" / "distillpipe"))
         assert not missing, f"{arch}: Python imports {sorted(missing)}, the static closure misses them"
 
 
 def test_only_the_students_registry_imports_project_modules_by_name():
-    """import_closure cannot see ``importlib.import_module(<computed name>)``: the one place that does it is the
-    registry, whose architectures dvc.yaml names through each item (checked above)."""
+    """import_closure cannot see ``importlib.import_module(<computed name>)``: the one place that imports a project
+    module so is the registry, whose architectures dvc.yaml names through each item (checked above); the other
+    import by name loads an embedded model's package, never a project module."""
+    from distillpipe.assets import EMBEDDED_MODELS
+
     users = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "src").rglob("*.py")
                    if re.search(r"\bimport_module\(|__import__\(", p.read_text()))
-    assert users == ["src/distillpipe/students/__init__.py"], users
+    assert users == ["src/distillpipe/assets.py", "src/distillpipe/students/__init__.py"], users
+    assert not [m for m, _ in EMBEDDED_MODELS.values() if m.split(".")[0] == "distillpipe"]
 
 
 def test_registry_keys_are_the_architecture_modules():
@@ -180,12 +192,12 @@ def test_generator_rewrites_drifted_deps_and_keeps_everything_else(copy):
     """A dep dropped, a stale one added, a folder written out as files: the generator restores the very bytes of
     dvc.yaml (comments, data deps, params, outs untouched), and ``--check`` names each drift and exits 1."""
     original = (copy / "dvc.yaml").read_text()
-    _edit(copy / "dvc.yaml", "      - src/distillpipe/evaluate/tables.py\n", "")  # report
-    _edit(copy / "dvc.yaml", "        - src/distillpipe/teacher/importer.py\n",
-          "        - src/distillpipe/teacher/importer.py\n        - src/distillpipe/losses.py\n")
-    _edit(copy / "dvc.yaml", "      - src/distillpipe/data/sources\n",  # augment
-          "".join(f"      - src/distillpipe/data/sources/{p.name}\n"
-                  for p in sorted((copy / "src/distillpipe/data/sources").glob("*.py"))))
+    _edit(copy / "dvc.yaml", "\n      - src/distillpipe/evaluate/tables.py\n", "\n")  # report
+    _edit(copy / "dvc.yaml", "\n        - src/distillpipe/teacher/importer.py\n",
+          "\n        - src/distillpipe/teacher/importer.py\n        - src/distillpipe/losses.py\n")
+    _edit(copy / "dvc.yaml", "\n      - src/distillpipe/data/sources\n",  # augment
+          "\n" + "".join(f"      - src/distillpipe/data/sources/{p.name}\n"
+                         for p in sorted((copy / "src/distillpipe/data/sources").glob("*.py"))))
     res = CliRunner().invoke(app, ["dvc-deps", "--check", "--dvc-yaml", str(copy / "dvc.yaml")])
     assert res.exit_code == 1, res.output
     assert "report:\n  + src/distillpipe/evaluate/tables.py" in res.output, res.output
@@ -214,7 +226,7 @@ def test_generator_refuses_an_architecture_spread_over_two_files(copy):
     (copy / "src/distillpipe/students/waldorf_util.py").write_text("X = 1\n")
     _edit(copy / "src/distillpipe/students/waldorf.py", "import math\n",
           "import math\n\nfrom distillpipe.students import waldorf_util  # noqa: F401\n")
-    with pytest.raises(DepsError, match=r"'waldorf' imports \['src/distillpipe/students/waldorf_util.py'\]"):
+    with pytest.raises(DepsError, match=r"'waldorf' imports \['src/distillpipe/students/waldorf_util.py'\] besides"):
         generate(copy / "dvc.yaml")
 
 
@@ -243,6 +255,30 @@ def _architectures_of_runs(params: dict) -> dict[str, str]:
     return arch
 
 
+def test_dvc_resolves_each_student_stage_to_its_own_architecture():
+    """DVC's own templating (``dvc.repo.Repo(...).index``) on this repository: each stage item of the six student
+    stages depends on the file of its run's architecture (found the long way, not from the interpolated key) and
+    on no other architecture's."""
+    from dvc.repo import Repo
+
+    arch = _architectures_of_runs(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    files = {f"src/distillpipe/students/{a}.py": a for a in ARCHITECTURES}
+    seen = set()
+    with Repo(str(ROOT)) as repo:
+        for stage in repo.index.stages:
+            group, _, item = stage.addressing.partition("@")
+            held = {files[str(d.def_path)] for d in stage.deps if str(d.def_path) in files}
+            if group in ("train", "train_aug", "train_lm", "finetune", "evaluate", "speed"):
+                assert held == {arch[item]}, (stage.addressing, held)
+                seen.add(arch[item])
+            else:
+                assert not held, (stage.addressing, held)
+    assert seen == set(ARCHITECTURES)
+
+
+@pytest.mark.slow  # ~3 min of `dvc commit` and `dvc status` over the whole pipeline; fast, the same property:
+# test_dvc_resolves_each_student_stage_to_its_own_architecture (DVC's resolver) and
+# test_every_stage_item_depends_on_exactly_the_project_files_it_imports
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 def test_an_edit_to_one_architecture_makes_dvc_status_list_only_its_stages(tmp_path):
     """This working tree's pipeline, with every stage recorded in dvc.lock as run (``dvc commit`` over stand-ins for
@@ -255,7 +291,7 @@ def test_an_edit_to_one_architecture_makes_dvc_status_list_only_its_stages(tmp_p
     repo = working_tree_repo(tmp_path / "repo")
     with Repo(str(repo)) as r:
         paths = {str(x.def_path) for s in r.index.stages for x in (*s.deps, *s.outs)}
-    for rel in sorted(paths):
+    for rel in sorted(paths, key=lambda p: -p.count("/")):  # deepest first: a folder dep holds others' outputs
         if not rel.startswith(("src/", "stages/")) and not (repo / rel).exists():
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             (repo / rel).write_text(f"stand-in for {rel}\n")

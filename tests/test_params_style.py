@@ -45,7 +45,7 @@ def test_params_yaml_is_a_fixed_point_of_dvcs_writer(params):
     ("train.runs.waldorf-slow.optim.patience", "3", "        patience: 3"),            # a null (written empty)
     ("teacher_cache.datasets.wiki_qa.signals.pool", "2", "        pool: 2"),           # in a former flow map
     ("train.loader.streams", "2", "  loader: {block_rows: 64, buffer_blocks: 16, streams: 2}"),  # in a flow map
-    ("tokenize.datasets.wiki.max_seq_len", "64", "      max_seq_len: 64            # null: the global max_seq_len "
+    ("tokenize.datasets.wiki.max_seq_len", "64", "      max_seq_len: 64             # null: the global max_seq_len "
                                                  "above"),                          # a null with a comment
 ])
 def test_setting_one_value_with_dvc_changes_exactly_its_line(params, key, value, line):
