@@ -68,7 +68,7 @@ def tiny_params(teacher: Path) -> dict:
     pol = params["teacher_cache"]["datasets"]["polarity"]
     params["teacher_cache"].update(device="cpu", shard_rows=64, datasets={"polarity": pol})
     run = params["finetune"]["runs"]["hybrid-polarity"]
-    run = {k: v for k, v in run.items() if k not in ("init", "tune")} | {
+    run = {k: v for k, v in run.items() if k not in ("init", "student", "tune")} | {
         "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 3, "d_vec": 8,
                   "init_std": 0.01, "dropout": 0.1},
         "optim": {**run["optim"], "epochs": 2, "batch_size": 32}}
