@@ -9,7 +9,7 @@ export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup repro test test-all bench gpu-check clean
+.PHONY: setup repro test test-all bench gpu-check deps params-style clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,14 @@ bench: setup
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=$(CURDIR)/src:$(CURDIR)/benchmarks$${PYTHONPATH:+:$$PYTHONPATH} HF_HUB_OFFLINE=1 $(GPU_PY) benchmarks/gpu_check.py
+
+# dvc.yaml's code deps from the imports (after adding an import or a module), and params.yaml in the style
+# `dvc exp run -S` writes it (after editing it by hand): docs/code-deps.md. Tests fail until both are run.
+deps: setup
+	$(VENV)/bin/distillpipe dvc-deps
+
+params-style: setup
+	$(VENV)/bin/distillpipe params-style
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,4 @@
-"""The associative scans of students/scan.py vs a python loop of matmuls, outputs checked equal.
+"""The associative scans of students/cmow_hybrid.py vs a python loop of matmuls, outputs checked equal.
 
 prefix_products and tree_product on X (B, L, 20, 20) = I + N(0, 0.01^2), fp32, for L 64 and 128; median of
 ``--repeats``.
@@ -14,7 +14,7 @@ import time
 import torch
 from _common import arguments, start, throughput, timing
 
-from distillpipe.students.scan import prefix_products, tree_product
+from distillpipe.students.cmow_hybrid import prefix_products, tree_product
 
 
 def loop_prefix(X: torch.Tensor) -> torch.Tensor:

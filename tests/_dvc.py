@@ -68,7 +68,7 @@ def tiny_params(teacher: Path) -> dict:
     pol = params["teacher_cache"]["datasets"]["polarity"]
     params["teacher_cache"].update(device="cpu", shard_rows=64, datasets={"polarity": pol})
     run = params["finetune"]["runs"]["hybrid-polarity"]
-    run = {k: v for k, v in run.items() if k not in ("init", "tune")} | {
+    run = {k: v for k, v in run.items() if k not in ("init", "student", "tune")} | {
         "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 3, "d_vec": 8,
                   "init_std": 0.01, "dropout": 0.1},
         "optim": {**run["optim"], "epochs": 2, "batch_size": 32}}
@@ -78,9 +78,10 @@ def tiny_params(teacher: Path) -> dict:
     params["train_lm"].update(device="cpu", loader=loader, runs={})
     params["word_vectors"].update(tables={}, local={})
     params["finetune"].update(device="cpu", loader=loader, runs={})
-    params["evaluate"].update(device="cpu", runs={"tiny": {"dataset": "polarity", "teacher": "polarity"}})
+    params["evaluate"].update(device="cpu", runs={"tiny": {"student": "cmow_hybrid", "dataset": "polarity",
+                                                               "teacher": "polarity"}})
     params["speed"] = {"device": "cpu", "batch_size": 8, "seq_len": 16, "warmup": 0, "repeats": 1,
-                       "batches_per_repeat": 1, "runs": {"tiny": {"teacher": "polarity"}}}
+                       "batches_per_repeat": 1, "runs": {"tiny": {"student": "cmow_hybrid", "teacher": "polarity"}}}
     params["report"]["tables"] = []
     return params
 

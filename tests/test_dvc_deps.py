@@ -1,22 +1,31 @@
-"""dvc.yaml's code deps are exactly what each stage imports.
+"""dvc.yaml's code deps are exactly what each stage imports, and ``distillpipe dvc-deps`` writes them.
 
 A stage that imports a project file it does not depend on is not re-run when that file changes (a stale
 output that looks fresh); a stage that depends on a file it does not import re-runs for nothing (an edit
-to a config section re-running the teacher fine-tunings). The import closure is read from the source
-(distillpipe.identity.import_closure), checked here against Python's own import system."""
+to one student architecture re-running every student). The import closure is read from the source
+(distillpipe.identity.import_closure), checked here against Python's own import system; a stage that builds
+students depends on the shared student code and on its item's own architecture only
+(``src/distillpipe/students/${item.model.student}.py``), checked against DVC's own ``dvc status``."""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+from typer.testing import CliRunner
 
+from distillpipe.cli import app
+from distillpipe.commands.dvc_deps import DepsError, generate
+from distillpipe.config.students import ARCHITECTURES
 from distillpipe.identity import import_closure
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = re.compile(r"\bpython3?\s+(?:-m\s+(stages\.\w+)|(stages/\w+\.py))")
+ARCH = re.compile(r"\$\{item(?:\.\w+)+\}")
 
 
 def stage_templates() -> dict[str, dict]:
@@ -31,52 +40,278 @@ def stage_script(stage: dict) -> Path:
     return ROOT / (m.group(2) or m.group(1).replace(".", "/") + ".py")
 
 
-def code_deps(stage: dict) -> set[str]:
-    """The stage's deps under src/, directories expanded to the Python files in them."""
+def architecture_dep(stage: dict) -> str | None:
+    """The stage's one interpolated code dep (its item's architecture), if it has one."""
+    found = [d for d in stage.get("deps", []) if d.startswith("src/") and ARCH.search(d)]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def code_deps(stage: dict, architecture: str | None = None) -> set[str]:
+    """The stage's deps under src/ for an item of ``architecture``, folders expanded to every file DVC hashes in
+    them (all but __pycache__), whatever their kind: a folder dep holding a file the stage does not import is a
+    dep on that file."""
     out: set[str] = set()
     for d in stage.get("deps", []):
         if not d.startswith("src/"):
             continue
+        if ARCH.search(d):
+            assert architecture is not None, f"{d}: which architecture?"
+            d = ARCH.sub(architecture, d)
         p = ROOT / d
-        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
         out.update(f.relative_to(ROOT).as_posix() for f in files if "__pycache__" not in f.parts)
     return out
 
 
-def imported(script: Path) -> set[str]:
-    return {p.relative_to(ROOT).as_posix() for p in import_closure(scripts=[script],
-                                                                    package_dir=ROOT / "src" / "distillpipe")}
+def _rel(paths) -> set[str]:
+    return {p.relative_to(ROOT).as_posix() for p in paths}
 
 
-def test_every_stage_depends_on_exactly_the_project_files_it_imports():
+def imported(script: Path, architecture: str | None = None) -> set[str]:
+    """What an item of the stage imports: its script's closure, and its architecture's module's."""
+    pkg = ROOT / "src" / "distillpipe"
+    files = _rel(import_closure(scripts=[script], package_dir=pkg))
+    if architecture is not None:
+        files |= _rel(import_closure([f"distillpipe.students.{architecture}"], package_dir=pkg))
+    return files
+
+
+def test_dvc_yaml_is_what_the_generator_writes():
+    text, drift = generate(ROOT / "dvc.yaml")
+    assert not drift, f"run `distillpipe dvc-deps` (make deps): {drift}"
+    assert text == (ROOT / "dvc.yaml").read_text()
+
+
+def test_every_stage_item_depends_on_exactly_the_project_files_it_imports():
+    """Independent of the generator: each stage, and for a stage that builds students each architecture its item
+    may name, against the closure computed directly (script + that architecture's module)."""
     problems = []
     for name, stage in stage_templates().items():
         script = stage_script(stage)
         rel = script.relative_to(ROOT).as_posix()
         if rel not in stage.get("deps", []):
             problems.append(f"{name}: runs {rel} but does not depend on it")
-        have, need = code_deps(stage), imported(script)
-        problems += [f"{name}: imports {f} but does not depend on it" for f in sorted(need - have)]
-        problems += [f"{name}: depends on {f} but does not import it" for f in sorted(have - need)]
+        for arch in ARCHITECTURES if architecture_dep(stage) else [None]:
+            have, need = code_deps(stage, arch), imported(script, arch)
+            who = f"{name} ({arch})" if arch else name
+            problems += [f"{who}: imports {f} but does not depend on it" for f in sorted(need - have)]
+            problems += [f"{who}: depends on {f} but does not import it" for f in sorted(have - need)]
     assert not problems, "dvc.yaml deps differ from the imports:\n" + "\n".join(problems)
+
+
+def test_stages_that_build_students_name_their_architecture_and_no_other():
+    """The students registry is in the closure of the six stages that train or load students, none of which holds
+    an architecture's module but through its item; every other stage holds none at all."""
+    builders = {n for n, s in stage_templates().items() if architecture_dep(s)}
+    assert builders == {"train", "train_aug", "train_lm", "finetune", "evaluate", "speed"}
+    for name, stage in stage_templates().items():
+        held = {a for a in ARCHITECTURES if f"src/distillpipe/students/{a}.py" in code_deps(stage, "__none__")}
+        assert not held, f"{name} depends on {held} whatever its item"
 
 
 def test_the_static_closure_holds_every_module_python_really_imports():
     """Independent reference: import each stage script's modules in a fresh interpreter and list the
     project modules in sys.modules. The static closure may hold more (function-local imports that did
-    not run), never less."""
+    not run), never less; and no architecture is imported until a student is built."""
+    def loaded(code: str) -> set[str]:
+        code += ("\nimport json, sys\nprint(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
+                 "      if n.split('.')[0] == 'distillpipe' and getattr(m, '__file__', None))))\n")
+        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+        return {Path(f).resolve().relative_to(ROOT).as_posix() for f in json.loads(res.stdout.splitlines()[-1])}
+
+    arch_files = {f"src/distillpipe/students/{a}.py" for a in ARCHITECTURES}
     for name, stage in stage_templates().items():
         script = stage_script(stage)
         code = (
-            "import ast, json, sys\n"
+            "import ast\n"
             f"tree = ast.parse(open({str(script)!r}).read())\n"
             "for node in tree.body:\n"
             "    if isinstance(node, (ast.Import, ast.ImportFrom)):\n"
             "        exec(compile(ast.Module([node], []), 'stage', 'exec'))\n"
-            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-            "      if n.split('.')[0] == 'distillpipe' and getattr(m, '__file__', None))))\n"
         )
-        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-        loaded = {Path(f).resolve().relative_to(ROOT).as_posix() for f in json.loads(res.stdout)}
-        missing = loaded - imported(script)
+        got = loaded(code)
+        missing = got - imported(script)
         assert not missing, f"{name}: Python imports {sorted(missing)}, the static closure misses them"
+        assert not got & arch_files, f"{name}: importing the stage loads {sorted(got & arch_files)}"
+    # building a student loads its architecture and no other (one interpreter: what each build adds to sys.modules)
+    code = ("import json, sys\nfrom distillpipe.students import student_class\nnew = {}\n"
+            f"for arch in {list(ARCHITECTURES)!r}:\n"
+            "    before = set(sys.modules)\n"
+            "    student_class(arch)\n"
+            "    new[arch] = sorted(sys.modules[n].__file__ for n in set(sys.modules) - before\n"
+            "                       if n.split('.')[0] == 'distillpipe')\n"
+            "print(json.dumps(new))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    for arch, files in json.loads(res.stdout.splitlines()[-1]).items():
+        got = {Path(f).resolve().relative_to(ROOT).as_posix() for f in files}
+        assert got & arch_files == {f"src/distillpipe/students/{arch}.py"}, (arch, sorted(got & arch_files))
+        missing = got - _rel(import_closure([f"distillpipe.students.{arch}"], package_dir=ROOT / "src" / "distillpipe"))
+        assert not missing, f"{arch}: Python imports {sorted(missing)}, the static closure misses them"
+
+
+def test_only_the_students_registry_imports_project_modules_by_name():
+    """import_closure cannot see ``importlib.import_module(<computed name>)``: the one place that imports a project
+    module so is the registry, whose architectures dvc.yaml names through each item (checked above); the other
+    import by name loads an embedded model's package, never a project module."""
+    from distillpipe.assets import EMBEDDED_MODELS
+
+    users = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "src").rglob("*.py")
+                   if re.search(r"\bimport_module\(|__import__\(", p.read_text()))
+    assert users == ["src/distillpipe/assets.py", "src/distillpipe/students/__init__.py"], users
+    assert not [m for m, _ in EMBEDDED_MODELS.values() if m.split(".")[0] == "distillpipe"]
+
+
+def test_registry_keys_are_the_architecture_modules():
+    from distillpipe.students import STUDENTS
+
+    assert tuple(STUDENTS) == ARCHITECTURES
+    for key in STUDENTS:
+        assert (ROOT / "src" / "distillpipe" / "students" / f"{key}.py").is_file(), key
+
+
+# -- the generator on copies of this repository ---------------------------------------------------------------
+
+
+@pytest.fixture
+def copy(tmp_path) -> Path:
+    """dvc.yaml, stages/ and src/ of this working tree, where the generator reads them."""
+    for rel in ("stages", "src"):
+        shutil.copytree(ROOT / rel, tmp_path / rel, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    return tmp_path
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path} no longer holds {old!r} once: update this test"
+    path.write_text(text.replace(old, new))
+
+
+def test_generator_rewrites_drifted_deps_and_keeps_everything_else(copy):
+    """A dep dropped, a stale one added, a folder written out as files: the generator restores the very bytes of
+    dvc.yaml (comments, data deps, params, outs untouched), and ``--check`` names each drift and exits 1."""
+    original = (copy / "dvc.yaml").read_text()
+    _edit(copy / "dvc.yaml", "\n      - src/distillpipe/evaluate/tables.py\n", "\n")  # report
+    _edit(copy / "dvc.yaml", "\n        - src/distillpipe/teacher/importer.py\n",
+          "\n        - src/distillpipe/teacher/importer.py\n        - src/distillpipe/losses.py\n")
+    _edit(copy / "dvc.yaml", "\n      - src/distillpipe/data/sources\n",  # augment
+          "\n" + "".join(f"      - src/distillpipe/data/sources/{p.name}\n"
+                         for p in sorted((copy / "src/distillpipe/data/sources").glob("*.py"))))
+    res = CliRunner().invoke(app, ["dvc-deps", "--check", "--dvc-yaml", str(copy / "dvc.yaml")])
+    assert res.exit_code == 1, res.output
+    assert "report:\n  + src/distillpipe/evaluate/tables.py" in res.output, res.output
+    assert "teacher_import:\n  - src/distillpipe/losses.py" in res.output, res.output
+    assert "augment:\n  - src/distillpipe/data/sources/__init__.py" in res.output, res.output
+    res = CliRunner().invoke(app, ["dvc-deps", "--dvc-yaml", str(copy / "dvc.yaml")])
+    assert res.exit_code == 0, res.output
+    assert (copy / "dvc.yaml").read_text() == original
+    res = CliRunner().invoke(app, ["dvc-deps", "--check", "--dvc-yaml", str(copy / "dvc.yaml")])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_folder_dep_only_while_every_file_in_it_is_imported(copy):
+    (copy / "src/distillpipe/data/sources/scratch.py").write_text("x = 1\n")  # imported by no stage
+    text, drift = generate(copy / "dvc.yaml")
+    assert "src/distillpipe/data/sources\n" not in text
+    assert set(drift) == {"prepare", "prepare_local", "augment"}
+    for _, added in drift.values():
+        assert "src/distillpipe/data/sources/wiki.py" in added
+        assert "src/distillpipe/data/sources/scratch.py" not in added
+
+
+def test_generator_refuses_an_architecture_spread_over_two_files(copy):
+    """An item can name one file of its architecture: a helper only WaLDORf imports would be a dep no stage item
+    could name, so the generator says to keep it in waldorf.py."""
+    (copy / "src/distillpipe/students/waldorf_util.py").write_text("X = 1\n")
+    _edit(copy / "src/distillpipe/students/waldorf.py", "import math\n",
+          "import math\n\nfrom distillpipe.students import waldorf_util  # noqa: F401\n")
+    with pytest.raises(DepsError, match=r"'waldorf' imports \['src/distillpipe/students/waldorf_util.py'\] besides"):
+        generate(copy / "dvc.yaml")
+
+
+def test_generator_asks_for_the_architecture_line_where_it_belongs(copy):
+    dvc = copy / "dvc.yaml"
+    text = dvc.read_text()
+    dvc.write_text(text.replace("        - src/distillpipe/students/${item.student}.py\n", ""))
+    with pytest.raises(DepsError, match=r"stage finetune imports the students registry .* add `- src/distillpipe/"
+                                        r"students/\$\{item.<key>\}.py`"):
+        generate(dvc)
+    line = "        - stages/tokenize.py\n"
+    dvc.write_text(text.replace(line, line + "        - src/distillpipe/students/${item.student}.py\n"))
+    with pytest.raises(DepsError, match="stage tokenize depends on .* but it does not import the students registry"):
+        generate(dvc)
+
+
+# -- in a real DVC repository ----------------------------------------------------------------------------------
+
+
+def _architectures_of_runs(params: dict) -> dict[str, str]:
+    """Each run's architecture, read the long way (a trained run's model; a fine-tuned one's init), not from the
+    ``student`` keys the stages interpolate: so a wrong key in params.yaml fails here too."""
+    arch = {k: r["model"]["student"] for sec in ("train", "train_aug", "train_lm")
+            for k, r in params[sec]["runs"].items()}
+    arch |= {k: arch[r["init"]] for k, r in params["finetune"]["runs"].items()}
+    return arch
+
+
+def test_dvc_resolves_each_student_stage_to_its_own_architecture():
+    """DVC's own templating (``dvc.repo.Repo(...).index``) on this repository: each stage item of the six student
+    stages depends on the file of its run's architecture (found the long way, not from the interpolated key) and
+    on no other architecture's."""
+    from dvc.repo import Repo
+
+    arch = _architectures_of_runs(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    files = {f"src/distillpipe/students/{a}.py": a for a in ARCHITECTURES}
+    seen = set()
+    with Repo(str(ROOT)) as repo:
+        for stage in repo.index.stages:
+            group, _, item = stage.addressing.partition("@")
+            held = {files[str(d.def_path)] for d in stage.deps if str(d.def_path) in files}
+            if group in ("train", "train_aug", "train_lm", "finetune", "evaluate", "speed"):
+                assert held == {arch[item]}, (stage.addressing, held)
+                seen.add(arch[item])
+            else:
+                assert not held, (stage.addressing, held)
+    assert seen == set(ARCHITECTURES)
+
+
+@pytest.mark.slow  # ~3 min of `dvc commit` and `dvc status` over the whole pipeline; fast, the same property:
+# test_dvc_resolves_each_student_stage_to_its_own_architecture (DVC's resolver) and
+# test_every_stage_item_depends_on_exactly_the_project_files_it_imports
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
+def test_an_edit_to_one_architecture_makes_dvc_status_list_only_its_stages(tmp_path):
+    """This working tree's pipeline, with every stage recorded in dvc.lock as run (``dvc commit`` over stand-ins for
+    the data and the outputs: which stages DVC calls stale depends on the deps' hashes only). A comment added to
+    one architecture's file makes ``dvc status`` list exactly the stages of that architecture's runs (train,
+    train_aug, train_lm, finetune, evaluate, speed); one added to the shared students/heads.py, all of theirs."""
+    from _dvc import DVC, sh, working_tree_repo
+    from dvc.repo import Repo
+
+    repo = working_tree_repo(tmp_path / "repo")
+    with Repo(str(repo)) as r:
+        paths = {str(x.def_path) for s in r.index.stages for x in (*s.deps, *s.outs)}
+    for rel in sorted(paths, key=lambda p: -p.count("/")):  # deepest first: a folder dep holds others' outputs
+        if not rel.startswith(("src/", "stages/")) and not (repo / rel).exists():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_text(f"stand-in for {rel}\n")
+    sh(repo, DVC, "commit", "-f", "-q")
+
+    def stale() -> set[str]:
+        return set(json.loads(sh(repo, DVC, "status", "--json").stdout or "{}"))
+
+    assert stale() == set()
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    arch = _architectures_of_runs(params)
+    sections = ("train", "train_aug", "train_lm", "finetune", "evaluate", "speed")
+    runs_of = {a: {f"{sec}@{k}" for sec in sections for k in params[sec]["runs"] if arch[k] == a}
+               for a in ARCHITECTURES}
+    for target, expected in [*((f"{a}.py", runs_of[a]) for a in ARCHITECTURES),
+                             ("heads.py", set().union(*runs_of.values()))]:
+        assert expected, target
+        path = repo / "src" / "distillpipe" / "students" / target
+        source = path.read_text()
+        path.write_text(source + "# an edit that changes no behaviour\n")
+        assert stale() == expected, target
+        path.write_text(source)
+    assert stale() == set()

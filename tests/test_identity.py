@@ -117,9 +117,12 @@ def test_every_stage_script_only_runs_its_command():
 def test_resumable_identities_hold_every_file_dvc_reruns_the_stage_for():
     """The code in a store manifest, a checkpoint's identity or augment's chunk identity is the stage's
     whole import closure: exactly the src/ deps dvc.yaml lists for it (which tests/test_dvc_deps.py checks
-    against the imports). So no edit can make DVC re-run a stage that then resumes work done by other code."""
+    against the imports), for a student run with its own architecture's file and no other's. So no edit can
+    make DVC re-run a stage that then resumes work done by other code, and an edit to another architecture
+    neither re-runs nor restarts it."""
     from test_dvc_deps import code_deps, stage_templates
 
+    from distillpipe.config.students import ARCHITECTURES
     from distillpipe.identity import stage_code
     from distillpipe.qg import augment, finetune
     from distillpipe.teacher import cache
@@ -132,8 +135,33 @@ def test_resumable_identities_hold_every_file_dvc_reruns_the_stage_for():
     assert set(identities) == {"teacher_cache", "augment", "teacher_finetune", "qg_finetune"}
     for stage, files in identities.items():
         assert {f"src/{f}" for f in files} == code_deps(stages[stage]), stage
-    training = {f"src/{f}" for f in stage_code(*build.CODE_STAGES)}
-    for stage in ("train", "train_aug", "finetune", "train_lm"):
-        assert stage in build.CODE_STAGES and code_deps(stages[stage]) <= training, stage
+    for arch in ARCHITECTURES:
+        training = {f"src/{f}" for f in stage_code(*build.CODE_STAGES, student=arch)}
+        others = {f"src/distillpipe/students/{a}.py" for a in ARCHITECTURES if a != arch}
+        assert f"src/distillpipe/students/{arch}.py" in training and not training & others, arch
+        for stage in ("train", "train_aug", "finetune", "train_lm"):
+            assert stage in build.CODE_STAGES and code_deps(stages[stage], arch) <= training, (stage, arch)
     # the two files whose edits a narrower identity once let resume a stale store
     assert {"distillpipe/teacher/cache.py", "distillpipe/teacher/load.py"} <= identities["teacher_cache"]
+
+
+def test_a_checkpoint_identity_holds_its_own_architecture():
+    """run_identity (what a checkpoint must match to resume) hashes the training code with the run's architecture:
+    two runs of the real params.yaml, a CMOW and a WaLDORf, get the code digests stage_code gives for each."""
+    import torch
+    from test_dvc_deps import ROOT
+
+    from distillpipe.config.base import load_section
+    from distillpipe.config.train import TrainConfig
+    from distillpipe.identity import json_sha256, stage_code
+    from distillpipe.train.build import CODE_STAGES, run_identity
+
+    cfg = load_section(ROOT / "params.yaml", "train", TrainConfig)
+    codes = {}
+    for name in ("hybrid", "waldorf-slow"):
+        run = cfg.runs[name]
+        ident = run_identity(run=run, model_cfg=run.model, loader_cfg=cfg.loader, tokens_meta={"fingerprint": "t"},
+                             stores={}, init_dir=None, augment=None, device=torch.device("cpu"), processes=1)
+        assert ident["code"] == json_sha256(stage_code(*CODE_STAGES, student=run.model.student)), name
+        codes[name] = ident["code"]
+    assert codes["hybrid"] != codes["waldorf-slow"]

@@ -10,11 +10,13 @@ import typer
 
 from distillpipe.commands import (
     augment,
+    dvc_deps,
     evaluate,
     export,
     finetune,
     inspect,
     new_task,
+    params_style,
     plan,
     predict,
     prepare,
@@ -53,6 +55,8 @@ for name, fn in [
     ("new-task", new_task.new_task),
     ("export", export.export),
     ("predict", predict.predict),
+    ("dvc-deps", dvc_deps.dvc_deps),
+    ("params-style", params_style.params_style),
 ]:
     app.command(name)(fn)
 

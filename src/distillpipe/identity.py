@@ -8,16 +8,20 @@ training checkpoints, augment's chunks) compares before reusing anything:
 * :func:`import_closure`: the project files a module (or a stage script) imports, transitively, read
   from the source with :mod:`ast` (function-local imports included, and every parent package's
   ``__init__``, which Python runs first). ``dvc.yaml`` lists exactly this closure as each stage's code
-  deps (``tests/test_dvc_deps.py`` checks it), and :func:`code_digests` hashes it for the identities above;
+  deps (``distillpipe dvc-deps`` writes them; ``tests/test_dvc_deps.py`` checks it), and
+  :func:`code_digests` hashes it for the identities above;
 * :func:`stage_code`: the code part of a stage's resumable work (the store manifest, checkpoints, chunks):
-  the stage's WHOLE import closure, the very files ``dvc.yaml`` lists as its code deps. Whatever makes DVC
-  re-run the stage also makes the stage refuse to resume, so an edit anywhere in that code (row selection,
-  teacher loading, a command's argument handling) can never leave an output its current code would not
-  produce. The cost: an edit that changes no byte (a comment) rebuilds too; this is the safe side.
+  the stage's WHOLE import closure, the very files ``dvc.yaml`` lists as its code deps, plus, for a run of
+  one student architecture, that architecture's closure (``student=``). Whatever makes DVC re-run the stage
+  also makes the stage refuse to resume, so an edit anywhere in that code (row selection, teacher loading, a
+  command's argument handling) can never leave an output its current code would not produce. The cost: an
+  edit that changes no byte (a comment) rebuilds too; this is the safe side.
 
 Imports are read, not executed, so a closure may hold more than one run imports (an import inside an
-``if``), never less. ``importlib.import_module`` with a computed name is not seen: the project does not
-use it for its own modules.
+``if``), never less. ``importlib.import_module`` with a computed name is not seen; the project uses it in
+one place, on purpose: the students registry imports an architecture (``students/<key>.py``) by its key, so
+that a stage's closure holds no architecture and a run's code is the stage's plus its own architecture's
+(:data:`STUDENT_MODULES`; ``tests/test_dvc_deps.py`` checks no other module does it).
 """
 
 from __future__ import annotations
@@ -161,9 +165,17 @@ COMMANDS = f"{PACKAGE}.commands"
 command module is the stage's code."""
 
 
-def stage_code(*stages: str, package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+STUDENT_MODULES = f"{PACKAGE}.students"
+"""Where the student architectures live: architecture ``key`` is the module ``distillpipe.students.<key>``, which the
+registry imports by name when it builds a student of that key (so no stage's static closure holds it)."""
+
+
+def stage_code(*stages: str, student: str | None = None, package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
     """{file: sha256} over the import closure of the commands of ``stages`` (``teacher_cache``,
-    ``train``...): the code part of their resumable outputs' identity, equal to the stages' code deps in
-    ``dvc.yaml``. Named by string, not imported, so a lower layer (the teacher cache's driver) can name
-    the stage that runs it without importing the command line."""
-    return code_digests([f"{COMMANDS}.{s}" for s in stages], package_dir=package_dir)
+    ``train``...), and with ``student`` that of the architecture the run trains (``waldorf``...): the code
+    part of their resumable outputs' identity, equal to the stages' code deps in ``dvc.yaml`` (there the
+    architecture's file comes from the run's item, ``src/distillpipe/students/${item.model.student}.py``).
+    Named by string, not imported, so a lower layer (the teacher cache's driver) can name the stage that
+    runs it without importing the command line."""
+    modules = [f"{COMMANDS}.{s}" for s in stages] + ([f"{STUDENT_MODULES}.{student}"] if student else [])
+    return code_digests(modules, package_dir=package_dir)

@@ -21,6 +21,8 @@ from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.loop import train_student
 
+RUN = {"student": "waldorf", "dataset": "toy_qa", "teacher": "t"}
+
 
 @pytest.fixture(scope="module")
 def qa_student(tmp_path_factory):
@@ -60,9 +62,9 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     leakage = leakage_report({s: [d["context"][:]] for s, d in splits.items()})
     write_meta(prepared, {**read_meta(prepared), "leakage": leakage})
     cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["test"],
-                                 "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
+                                 "runs": {"w": RUN}}, "evaluate")
     out = tmp_path / "w.json"
-    res = evaluate_run("w", cfg, build(EvaluateRunConfig, {"dataset": "toy_qa", "teacher": "t"}, "run"),
+    res = evaluate_run("w", cfg, build(EvaluateRunConfig, RUN, "run"),
                        student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
                        prepared_dir=prepared, teacher_dir=qa_student["teacher"], out_path=out,
                        predictions_path=tmp_path / "w.predictions.json", live_dir=tmp_path / "w.live")
@@ -89,7 +91,7 @@ def test_evaluate_twice_gives_byte_identical_metrics(qa_student, tmp_path):
     """The metrics DVC tracks are a function of the student and the data: no timing, no timestamps. (They
     held sentences/s, so every re-run changed dvc.lock and the metrics in git.)"""
     cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["dev", "test"],
-                                 "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
+                                 "runs": {"w": RUN}}, "evaluate")
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for out in paths:
         evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
@@ -109,7 +111,7 @@ def test_predictions_reproduce_the_reported_scores(qa_student, tmp_path):
     from distillpipe.evaluate.intervals import point
 
     cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["dev", "test"],
-                                 "runs": {"w": {"dataset": "toy_qa", "teacher": "t"}}}, "evaluate")
+                                 "runs": {"w": RUN}}, "evaluate")
     res = evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
                        prepared_dir=qa_student["prepared"], teacher_dir=qa_student["teacher"],
                        out_path=tmp_path / "m.json", predictions_path=tmp_path / "p.json", live_dir=tmp_path / "live")
@@ -131,7 +133,7 @@ def test_predictions_reproduce_the_reported_scores(qa_student, tmp_path):
 
 def test_speed_stage_times_student_and_teacher_apart_from_the_scores(qa_student, tmp_path):
     cfg = build(SpeedConfig, {"device": "cpu", "batch_size": 4, "seq_len": 16, "warmup": 0, "repeats": 2,
-                              "batches_per_repeat": 1, "runs": {"w": {"teacher": "t"}}}, "speed")
+                              "batches_per_repeat": 1, "runs": {"w": {"student": "waldorf", "teacher": "t"}}}, "speed")
     res = time_run("w", cfg, student_dir=qa_student["student"], teacher_dir=qa_student["teacher"],
                    out_path=tmp_path / "speed" / "w.json")
     assert json.loads((tmp_path / "speed" / "w.json").read_text()) == res

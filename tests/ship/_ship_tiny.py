@@ -120,7 +120,7 @@ def evaluated_run(root: Path, name: str, *, prepared: Path, tokens: Path, teache
     run_entry = {"dataset": dataset, "model": model, "encoding": encoding, "head": None}
     params = {"finetune": {"runs": {name: run_entry}},
               "evaluate": {"device": "cpu", "batch_size": 8, "splits": ["dev", "test"],
-                           "runs": {name: {"dataset": dataset, "teacher": dataset}}},
+                           "runs": {name: {"student": model["student"], "dataset": dataset, "teacher": dataset}}},
               "report": {"bootstrap": BOOTSTRAP, "tables": []}}
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ecfg = build(EvaluateConfig, params["evaluate"], "evaluate")

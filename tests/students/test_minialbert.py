@@ -159,7 +159,7 @@ def test_adapter_tuning_moves_only_adapters_and_head(tmp_path):
     init = build_student(cfg(), mlm_task(max_len=32))
     save_student(tmp_path / "init", init, cfg(), mlm_task(max_len=32), {"name": "init", "note": ""})
     run = build(FinetuneRunConfig, {
-        "init": "init", "tune": "adapters", "dataset": "toy", "encoding": "joint",
+        "init": "init", "student": "minialbert", "tune": "adapters", "dataset": "toy", "encoding": "joint",
         "head": {"type": "linear", "hidden_size": 1, "dropout": 0.0},
         "objective": {"loss_weights": {"hard": 1.0}, "hidden_loss": "cosine", "layer_map": [-1, -1, -1],
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,

@@ -117,8 +117,8 @@ def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
     assert np.mean(hidden[-4:]) < np.mean(hidden[:4]), "the hidden-state loss falls"
     assert "mlm_accuracy" in s.dev and first == 2 * 64 // 8
 
-    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "general", "tune": "full",
-                                                                     "optim": _optim(epochs=0)}
+    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "general", "student": "cmow_hybrid",
+                                                                     "tune": "full", "optim": _optim(epochs=0)}
     _train(toy, tmp_path, ft, name="ft", init=tmp_path / "general", finetune=True)
     g, _ = load_student(tmp_path / "general", torch.device("cpu"))
     f, _ = load_student(tmp_path / "ft", torch.device("cpu"))
@@ -133,7 +133,8 @@ def test_tune_head_trains_only_the_head(toy, tmp_path):
     head has moved, and the metrics count only the head as trainable; ``tune: adapters`` on a student without
     adapters is refused."""
     _train(toy, tmp_path, _cls_run(optim=_optim(epochs=1)), name="init")
-    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "init", "tune": "head",
+    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "init", "student": "cmow_hybrid",
+                                                                     "tune": "head",
                                                                      "optim": _optim(epochs=2, lr=1e-2)}
     s = _train(toy, tmp_path, ft, name="ft", init=tmp_path / "init", finetune=True)
     assert s.steps == 2 * 96 // 8

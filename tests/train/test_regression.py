@@ -122,7 +122,8 @@ def test_student_learns_the_bins_and_is_scored_by_the_expected_value(stsb, tmp_p
     assert record["task"].bin_width == WIDTH and record["task"].num_labels == teacher_bins == 26
 
     ecfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 64, "splits": ["dev"],
-                                  "runs": {"stsb": {"dataset": "stsb", "teacher": "stsb"}}}, "evaluate")
+                                  "runs": {"stsb": {"student": "cmow_hybrid", "dataset": "stsb", "teacher": "stsb"}}},
+                 "evaluate")
     res = evaluate_run("stsb", ecfg, ecfg.runs["stsb"], student_dir=tmp_path / "student", tokens_dir=stsb["tokens"],
                        prepared_dir=stsb["prepared"], teacher_dir=stsb["teacher"], out_path=tmp_path / "e.json",
                        predictions_path=tmp_path / "p.json", live_dir=tmp_path / "e.live")

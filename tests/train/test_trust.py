@@ -57,8 +57,9 @@ def test_changed_init_weights_start_over_instead_of_resuming(toy, tmp_path):
     """A finetune killed at step 12 whose init student then changes must not resume from the old-init
     checkpoint (it did: the resume identity held the init path, not its content)."""
     init = _init_student(toy, tmp_path / "gen", seed=0)
-    params = write_params(tmp_path / "params.yaml", {"finetune": {"device": "cpu", "loader": LOADER,
-                                                                  "runs": {"ft": _run(init="gen", tune="full")}}})
+    ft = _run(init="gen", student="cmow_hybrid", tune="full")
+    params = write_params(tmp_path / "params.yaml",
+                          {"finetune": {"device": "cpu", "loader": LOADER, "runs": {"ft": ft}}})
 
     def finetune(out, kill_at=None):
         return run_train_cli("ft", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"], out=out,

@@ -48,7 +48,7 @@ def finetune(run: RunOpt,
                           batch_size=rcfg.optim.batch_size):
         return
     check_dataset(tokens, rcfg.dataset, f"finetune.runs.{run}")
-    _, record = load_student(init, torch.device("cpu"))
+    _, record = load_student(init, torch.device("cpu"), student=rcfg.student, where=f"finetune.runs.{run}.student")
     if record["name"] != rcfg.init:
         raise ConfigError(f"finetune.runs.{run}.init is {rcfg.init!r} but {init} holds the student {record['name']!r}")
     summary = train_student(run, model_cfg=record["model"], run=rcfg, loader_cfg=cfg.loader, device=cfg.device,

@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distillpipe.config.base import ConfigError
+from distillpipe.config.students import Architecture
 
 
 @dataclass(frozen=True)
 class SpeedRunConfig:
+    student: Architecture
+    """The architecture of the student it reads (``cmow_hybrid``, ``waldorf``, ...; checked against its record):
+    the stage depends on that architecture's file only (``src/distillpipe/students/${item.student}.py``)."""
     teacher: str
     """The teacher timed beside the student (``models/teacher/<teacher>``)."""
 

@@ -4,6 +4,7 @@ Read by every stage that builds or loads a student (train, finetune, train_aug, 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -192,3 +193,10 @@ class HeadConfig:
 
 
 StudentConfig = CMOWHybridConfig | WaLDORfConfig | MiniALBERTConfig | ElmoConfig
+
+ARCHITECTURES: tuple[str, ...] = tuple(typing.get_args(typing.get_type_hints(c)["student"])[0]
+                                       for c in typing.get_args(StudentConfig))
+"""The ``student`` keys, one per architecture (each is also its module: ``students/<key>.py``)."""
+Architecture = Literal[ARCHITECTURES]  # type: ignore[valid-type]
+"""A ``student`` key: how finetune, evaluate and speed runs name the architecture of the student they read (checked
+against its record), so that their DVC deps can hold that architecture's file only."""

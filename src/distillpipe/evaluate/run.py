@@ -44,7 +44,7 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
 
     t0 = time.time()
     device = resolve_device(cfg.device)
-    model, record = load_student(student_dir, device)
+    model, record = load_student(student_dir, device, student=run.student, where=f"evaluate.runs.{name}.student")
     if record["dataset"] != run.dataset:
         raise ConfigError(f"evaluate.runs.{name}.dataset is {run.dataset!r} but {student_dir} was trained on "
                           f"{record['dataset']!r}")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from distillpipe.config.base import ConfigError
 from distillpipe.config.speed import SpeedConfig
 from distillpipe.evaluate.speed import measure_throughput, random_batch
 from distillpipe.runtime import autocast, resolve_device
@@ -28,8 +29,11 @@ log = logging.getLogger(__name__)
 def time_run(name: str, cfg: SpeedConfig, *, student_dir: str | Path, teacher_dir: str | Path,
              out_path: str | Path) -> dict[str, Any]:
     """Time the student in ``student_dir`` and the teacher in ``teacher_dir``; write and return the record."""
+    if name not in cfg.runs:
+        raise ConfigError(f"speed.runs has no {name!r}; known: {sorted(cfg.runs)}")
     device = resolve_device(cfg.device)
-    model, record = load_student(student_dir, device)
+    model, record = load_student(student_dir, device, student=cfg.runs[name].student,
+                                 where=f"speed.runs.{name}.student")
     task = record["task"]
     teacher, _ = load_teacher(teacher_dir, "qa" if task.kind == "qa" else "classification", device)
     pairs = task.encoding == "diffcat"

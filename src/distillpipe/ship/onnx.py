@@ -5,8 +5,8 @@ its batch as named tensors. Inputs are int64 (B, L) arrays: ``input_ids``, ``tok
 ``attention_mask`` (1 = token, 0 = padding), or for DiffCat pairs ``a_input_ids``, ``a_attention_mask``,
 ``b_input_ids``, ``b_attention_mask``; outputs ``logits`` (B, C), or ``start_logits`` and ``end_logits`` (B, L).
 Rows are right-padded. The CMOW/CBOW-Hybrid graph takes lengths that are multiples of
-:data:`~distillpipe.students.scan.EXPORT_CHUNK` (its tree product has a fixed shape per chunk: see
-students/scan.py); padding more is exact for it (padded positions are identities), and :class:`OnnxRunner`
+:data:`~distillpipe.students.cmow_hybrid.EXPORT_CHUNK` (its tree product has a fixed shape per chunk: see
+students/cmow_hybrid.py); padding more is exact for it (padded positions are identities), and :class:`OnnxRunner`
 pads. ``config.json``'s ``onnx`` entry names all of this.
 
 Export checks itself: the graph must reproduce PyTorch within :data:`PARITY_TOLERANCE` on padded batches of
@@ -28,7 +28,7 @@ from torch import nn
 from distillpipe.errors import UserError
 from distillpipe.ship.runners import OnnxRunner, parity, torch_outputs
 from distillpipe.students.base import TaskSpec
-from distillpipe.students.scan import EXPORT_CHUNK
+from distillpipe.students.cmow_hybrid import EXPORT_CHUNK
 
 log = logging.getLogger(__name__)
 

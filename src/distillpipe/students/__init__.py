@@ -1,6 +1,13 @@
 """Student architectures: the registry, and saving/loading trained students.
 
-``STUDENTS`` maps the ``student`` key of a model config (params.yaml) to (config class, model class).
+``STUDENTS`` maps the ``student`` key of a model config (params.yaml) to (config class, name of the model
+class). An architecture is one module, named by its key (``students/<key>.py``), and is imported only when a
+student of it is built (:func:`student_class`): a stage that trains or loads a WaLDORf imports
+``students/waldorf.py`` and no other architecture, so its DVC deps (``src/distillpipe/students/${...}.py``,
+interpolated from the run's item) and its checkpoints' code identity (``identity.stage_code(student=...)``)
+hold its own architecture's code only, and an edit to one architecture re-runs that architecture's stages only.
+What the architectures share (``base.py``, ``heads.py``, the config classes) is imported by each of them.
+
 A saved student is a folder with ``model.pt`` (the state dict) and ``student.json`` (model config,
 task spec and a record of how it was trained), enough to rebuild it without params.yaml.
 """
@@ -8,6 +15,7 @@ task spec and a record of how it was trained), enough to rebuild it without para
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -16,33 +24,35 @@ from typing import Any
 
 import torch
 
-from distillpipe.config.base import build
+from distillpipe.config.base import ConfigError, build
 from distillpipe.config.students import CMOWHybridConfig, ElmoConfig, HeadConfig, MiniALBERTConfig, WaLDORfConfig
 from distillpipe.students.base import StudentOutput, TaskSpec
-from distillpipe.students.cmow_hybrid import CMOWHybrid
-from distillpipe.students.elmo import Elmo
-from distillpipe.students.minialbert import MiniALBERT
-from distillpipe.students.waldorf import WaLDORf
 
-STUDENTS: dict[str, tuple[type, type[torch.nn.Module]]] = {
-    "cmow_hybrid": (CMOWHybridConfig, CMOWHybrid),
-    "waldorf": (WaLDORfConfig, WaLDORf),
-    "minialbert": (MiniALBERTConfig, MiniALBERT),
-    "elmo": (ElmoConfig, Elmo),
+STUDENTS: dict[str, tuple[type, str]] = {
+    "cmow_hybrid": (CMOWHybridConfig, "CMOWHybrid"),
+    "waldorf": (WaLDORfConfig, "WaLDORf"),
+    "minialbert": (MiniALBERTConfig, "MiniALBERT"),
+    "elmo": (ElmoConfig, "Elmo"),
 }
+"""key -> (config class, name of the model class in ``students/<key>.py``)."""
 
 WEIGHTS_FILE = "model.pt"
 RECORD_FILE = "student.json"
 
 __all__ = ["STUDENTS", "StudentOutput", "TaskSpec", "build_student", "load_student", "save_student",
-           "student_from_record"]
+           "student_class", "student_from_record"]
+
+
+def student_class(key: str) -> type[torch.nn.Module]:
+    """The model class of architecture ``key``, importing its module (``students/<key>.py``) now and no other."""
+    if key not in STUDENTS:
+        raise ValueError(f"unknown student {key!r}; known: {sorted(STUDENTS)}")
+    module = importlib.import_module(f"{__name__}.{key}")
+    return getattr(module, STUDENTS[key][1])
 
 
 def build_student(cfg: Any, task: TaskSpec) -> torch.nn.Module:
-    if cfg.student not in STUDENTS:
-        raise ValueError(f"unknown student {cfg.student!r}; known: {sorted(STUDENTS)}")
-    _, cls = STUDENTS[cfg.student]
-    return cls(cfg, task)
+    return student_class(cfg.student)(cfg, task)
 
 
 def save_student(out_dir: str | Path, model: torch.nn.Module, cfg: Any, task: TaskSpec, record: dict) -> None:
@@ -72,13 +82,21 @@ def student_from_record(meta: dict, where: str | Path) -> tuple[torch.nn.Module,
     return build_student(cfg, task), cfg, task
 
 
-def load_student(folder: str | Path, device: torch.device) -> tuple[torch.nn.Module, dict]:
-    """(model in eval mode on ``device``, its record) from a folder written by :func:`save_student`."""
+def load_student(folder: str | Path, device: torch.device, *, student: str | None = None,
+                 where: str = "student") -> tuple[torch.nn.Module, dict]:
+    """(model in eval mode on ``device``, its record) from a folder written by :func:`save_student`.
+
+    ``student``: the architecture the caller's params say the folder holds (``<where>``, e.g.
+    ``evaluate.runs.<run>.student``), checked against the record before any architecture is imported: the
+    stage's DVC deps hold that architecture's file only, so it must not run another's code."""
     folder = Path(folder)
     path = folder / RECORD_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {folder} is not a trained student (run `dvc repro train`)")
     meta = json.loads(path.read_text())
+    held = meta["model"].get("student")
+    if student is not None and held != student:
+        raise ConfigError(f"{where} is {student!r} but {folder} holds a {held!r} student: set {where}: {held}")
     model, cfg, task = student_from_record(meta, path)
     model.load_state_dict(torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True))
     model.to(device).eval()

@@ -100,11 +100,12 @@ def param_groups(modules: list[torch.nn.Module], weight_decay: float) -> list[di
 
 
 CODE_STAGES = ("train", "train_aug", "finetune", "train_lm")
-"""The stages that train students: their whole import closure (the training loop, students, losses,
-objective, schedule, data, evaluation, and the commands that build the run from params) is part of a
-checkpoint's identity, so a run never continues with code other than the code it started with. One
-identity for the four: an edit to another training stage's command restarts a killed run instead of
-resuming it (minutes of a run, against the risk of mixing code)."""
+"""The stages that train students: their whole import closure (the training loop, the shared student code, losses,
+objective, schedule, data, evaluation, and the commands that build the run from params), with the run's own
+architecture (``students/<key>.py``, not the others), is part of a checkpoint's identity, so a run never
+continues with code other than the code it started with. One identity for the four: an edit to another
+training stage's command restarts a killed run instead of resuming it (minutes of a run, against the risk of
+mixing code); an edit to another architecture does not."""
 
 
 def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: LoaderConfig, tokens_meta: dict,
@@ -119,7 +120,7 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
         "augment tokens": read_meta(augment[1])["fingerprint"] if augment else None,
         "init weights": sha256_dir(init_dir) if init_dir is not None else None,
         "word vectors": word_vectors,
-        "code": json_sha256(stage_code(*CODE_STAGES)),
+        "code": json_sha256(stage_code(*CODE_STAGES, student=model_cfg.student)),
         "device": device.type,
         "processes": processes,
     }

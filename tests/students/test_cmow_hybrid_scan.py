@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from distillpipe.students.scan import _static_tree_product, prefix_products, suffix_products, tree_product
+from distillpipe.students.cmow_hybrid import _static_tree_product, prefix_products, suffix_products, tree_product
 
 
 def naive_prefix(X: torch.Tensor) -> torch.Tensor:
