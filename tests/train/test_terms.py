@@ -45,10 +45,24 @@ def _cfg(weights, layer_map=(0,), hidden_loss="mse"):
                                                 "temperature_decay": False}}, "objective")
 
 
+def _in_order(names, among):
+    return [n for n in names if n in among]
+
+
 def test_the_schedule_and_the_accepted_names_are_the_table_s():
-    assert NAMES == ("hard", "soft", "mlm_kd", "lm", "hidden", "attn", "attn_kl", "embedding")
-    assert all_terms([0, 2]) == ["embedding", "hidden/0", "attn/0", "attn_kl/0", "hidden/2", "attn/2", "attn_kl/2",
-                                 "hard", "soft", "mlm_kd", "lm"]
+    # the seed terms keep their order (it is the order of the objective's sum: reordering changes a run's bits);
+    # a new row may come anywhere without editing this test
+    seeds = ("hard", "soft", "mlm_kd", "lm", "hidden", "attn", "attn_kl", "embedding")
+    assert _in_order(NAMES, seeds) == list(seeds)
+    assert NAMES == tuple(t.name for t in TERMS)
+    layer = [t.name for t in TERMS if t.scope == "layer"]
+    output = [t.name for t in TERMS if t.scope == "output"]
+    # embedding first, then each aligned layer's terms in layer order, then the output terms
+    assert all_terms([0, 2]) == ["embedding", *(f"{n}/0" for n in layer), *(f"{n}/2" for n in layer), *output]
+    assert _in_order(all_terms([0, 2]), {"embedding", "hidden/0", "attn/0", "attn_kl/0", "hidden/2", "attn/2",
+                                         "attn_kl/2", "hard", "soft", "mlm_kd", "lm"}) == [
+        "embedding", "hidden/0", "attn/0", "attn_kl/0", "hidden/2", "attn/2", "attn_kl/2", "hard", "soft", "mlm_kd",
+        "lm"]
     # every name the schedule knows is a term (it scheduled an "mlm" that no loss_weights could name)
     assert {t.split("/")[0] for t in all_terms([0])} == set(NAMES)
 
