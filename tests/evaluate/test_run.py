@@ -79,7 +79,7 @@ def test_qa_test_split_uses_the_dev_threshold(qa_student, tmp_path):
     model, _ = load_student(qa_student["student"], torch.device("cpu"))
     test = load_from_disk(str(qa_student["tokens"]))["test"]
     kw = {"kind": "qa", "pad_id": 0, "device": torch.device("cpu"), "batch_size": 8, "pairs": False,
-          "dataset_meta": read_meta(qa_student["tokens"]), "prepared_dir": qa_student["prepared"], "split": "test"}
+          "prepared_dir": qa_student["prepared"], "split": "test"}
     at_dev = evaluate_student(model, test, threshold=res["dev"]["tuned_threshold"], **kw)
     assert at_dev["f1"] == pytest.approx(res["test"]["f1"]) and at_dev["exact"] == pytest.approx(res["test"]["exact"])
     # and a threshold tuned on test itself is its own (F1-best on test), which evaluate must not report

@@ -75,7 +75,7 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         dev_s = student["dev"].metrics if "dev" in student else {}
         dev_t = teacher_scored["dev"].metrics if "dev" in teacher_scored else {}
         student[split] = score_student(model, data[split], kind=task.kind, pad_id=task.pad_id, device=device,
-                                       batch_size=cfg.batch_size, pairs=pairs, dataset_meta=meta,
+                                       batch_size=cfg.batch_size, pairs=pairs,
                                        prepared_dir=prepared_dir, split=split, threshold=dev_s.get("tuned_threshold"),
                                        bin_width=task.bin_width)
         teacher_scored[split] = recorded.get(split) or score_teacher(

@@ -52,16 +52,16 @@ def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch
 
 
 def evaluate_student(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
-                     dataset_meta: dict, prepared_dir: str | Path | None = None, split: str = "dev",
+                     prepared_dir: str | Path | None = None, split: str = "dev",
                      threshold: float | None = None, bin_width: float | None = None) -> dict[str, float]:
     """Metrics of ``model`` on the token rows of one split (see :func:`score_student`)."""
     return score_student(model, rows, kind=kind, pad_id=pad_id, device=device, batch_size=batch_size, pairs=pairs,
-                         dataset_meta=dataset_meta, prepared_dir=prepared_dir, split=split, threshold=threshold,
+                         prepared_dir=prepared_dir, split=split, threshold=threshold,
                          bin_width=bin_width).metrics
 
 
 def score_student(model, rows, *, kind: str, pad_id: int, device: torch.device, batch_size: int, pairs: bool,
-                  dataset_meta: dict, prepared_dir: str | Path | None = None, split: str = "dev",
+                  prepared_dir: str | Path | None = None, split: str = "dev",
                   threshold: float | None = None, bin_width: float | None = None) -> Scored:
     """Metrics and per-example records of ``model`` on the token rows of one split. QA: ``prepared_dir``
     gives the examples, and the no-answer ``threshold`` is tuned on this split when None (pass dev's when

@@ -138,7 +138,7 @@ def evaluate(r: TrainingRun) -> dict[str, float]:
     scores = None
     if r.group.main:
         scores = evaluate_student(r.student, r.dev_rows, kind=r.task.kind, pad_id=r.task.pad_id, device=r.device,
-                                  batch_size=2 * r.run.optim.batch_size, pairs=r.pairs, dataset_meta=r.meta,
+                                  batch_size=2 * r.run.optim.batch_size, pairs=r.pairs,
                                   prepared_dir=r.prepared_dir, split="dev", bin_width=r.task.bin_width)
     if r.group.distributed:
         box = [scores]
