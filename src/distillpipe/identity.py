@@ -36,8 +36,6 @@ from typing import Any
 PACKAGE = "distillpipe"
 PACKAGE_DIR = Path(__file__).resolve().parent
 """The installed package's folder (``src/distillpipe`` in a checkout)."""
-SOURCE_ROOT = PACKAGE_DIR.parent
-"""The folder holding the package (``src`` in a checkout): code digests are keyed relative to it."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-NO_OFFSET = -1  # schema.CONTEXT_OFFSET_NONE = (-1, -1)
+NO_OFFSET = -1  # both offsets of a token outside the context: (-1, -1)
 
 
 def check_lengths(tokenizer: Any, max_seq_len: int, doc_stride: int, max_query_len: int) -> None:

@@ -44,7 +44,6 @@ import pyarrow.compute as pc
 
 TASK_TYPES = ("corpus", "classification", "regression", "qa")
 META_FILE = "meta.json"
-CONTEXT_OFFSET_NONE = (-1, -1)
 
 
 def write_meta(folder: str | Path, meta: dict[str, Any]) -> None:
