@@ -118,14 +118,15 @@ SCORES_MASKED_Q = -128
 FORMULAS = {
     INT8_ROWS: "X = float16(float32(X.q) * float32(X.scale)[..., None]); the product of an int8 and a float16 is "
                "exact in float32, so one rounding to float16. Written as X.scale = max|x| / 127 over the last axis, "
-               "rounded to float16 upwards (|x| / scale <= 127), X.q = round_half_even(x / scale) (0 where scale "
-               "is 0: an all-zero vector), in a vector with 127 * scale > 65504 clipped to +-floor(65504 / scale) "
+               "rounded to float16 upwards and at least 2^-24 (the smallest float16: an all-zero vector's; never "
+               "0), X.q = round_half_even(x / scale); in a vector with 127 * scale > 65504 clipped to +-floor(65504 / scale) "
                "so that every code decodes finite",
     INT8_SCORES: "X = float16(float32(X.q) * float32(X.scale)[..., None]), and X = -inf where X.q == -128 (a masked "
                  "position); otherwise as int8_rows, max|x| over the finite scores of the (head, query) row (a fully "
-                 "masked row: scale 0 and every X.q -128)",
-    UINT8_STEPS: "X = float16(float64(X.anchor)[..., None] - float64(X.steps) / 16), one rounding to float16. Written "
-                 "as X.steps = min(255, round_half_even(16 * (max(x) - x))) over the last (rank) axis, and "
+                 "masked row: scale 2^-24 and every X.q -128)",
+    UINT8_STEPS: "X = float16(float32(X.anchor)[..., None] - float32(X.steps) / 16) in float32 arithmetic (steps / 16 "
+                 "is exact; then one float32 and one float16 rounding). Written as X.steps = min(255, "
+                 "round_half_even(16 * (max(x) - x))) over the last (rank) axis, and "
                  "X.anchor = float32(logsumexp(x) - logsumexp(-X.steps / 16)) in float64: the decoded top-k logits "
                  "hold the teacher's top-k probability mass (so mlm/logsumexp, stored as it was, keeps the tail "
                  "mass 1 - sum(exp(X - logsumexp)) exact up to the float16 rounding a float16 store has too)",
