@@ -162,7 +162,7 @@ def _buckets(logits: np.ndarray, lse: np.ndarray) -> np.ndarray:
 def loader_rates(f16: Path, q: Path, repeats: int, workers: int) -> tuple[float, float]:
     """Rows/s of one epoch of the block loader over the compressed arrays (their float16 counterparts in the float16
     store), float16 store and compressed store alternately, ``workers`` DataLoader workers (0: this process, as
-    training reads by default; 1: a worker process, torch single-threaded there): the best of ``repeats``."""
+    training reads by default; 1: a worker process, torch single-threaded there): the median of ``repeats``."""
     names = list(open_store(q).manifest.signals.encodings())
     rates: dict[Path, list[float]] = {f16: [], q: []}
     for _ in range(repeats):
@@ -173,7 +173,7 @@ def loader_rates(f16: Path, q: Path, repeats: int, workers: int) -> tuple[float,
             for row_index, _arrays in loader:
                 rows += len(row_index)
             rates[path].append(rows / (time.perf_counter() - t))
-    return max(rates[f16]), max(rates[q])
+    return float(np.median(rates[f16])), float(np.median(rates[q]))
 
 
 # ------------------------------------------------------------------------------------------ students
@@ -198,6 +198,8 @@ def students(repo: Path, params: dict, work: Path, max_steps: int | None) -> dic
     for variant in ("float16", "compressed"):
         d = work / variant
         p = copy.deepcopy(params)
+        for item in p["teacher_cache"]["datasets"].values():  # a repository from before precision existed
+            item["signals"].setdefault("precision", {k: "float16" for k in COMPRESSED})
         for name in DATASETS:
             p["teacher_cache"]["datasets"][name]["signals"]["precision"] = (
                 COMPRESSED if variant == "compressed" else {k: "float16" for k in COMPRESSED})
@@ -235,11 +237,13 @@ def students(repo: Path, params: dict, work: Path, max_steps: int | None) -> dic
 def _curves(live: Path) -> dict[str, np.ndarray]:
     """{loss term: per-step values} from a train stage's dvclive plots."""
     out = {}
-    for f in sorted((live / "plots/metrics/train").glob("*.tsv")):
-        if f.stem in ("lr", "temperature"):
+    root = live / "plots/metrics/train"
+    for f in sorted(root.rglob("*.tsv")):
+        name = str(f.relative_to(root).with_suffix(""))  # e.g. hidden/0: the term of the first aligned layer
+        if name in ("lr", "temperature"):
             continue
         with f.open() as fh:
-            out[f.stem] = np.array([float(r[f.stem]) for r in csv.DictReader(fh, delimiter="\t")])
+            out[name] = np.array([float(r[-1]) for r in list(csv.reader(fh, delimiter="\t"))[1:]])
     return out
 
 
@@ -285,19 +289,25 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=512, help="rows of each fidelity store (at most the params' max_rows)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--students", action="store_true", help="also train the students on both caches (minutes)")
+    ap.add_argument("--no-fidelity", action="store_true", help="skip the fidelity and loader part")
     ap.add_argument("--max-steps", type=int, default=None, help="override the general-distillation runs' max_steps")
     ap.add_argument("--work", type=Path, default=None, help="folder for the students' runs (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = ap.parse_args()
     repo = args.repo.resolve()
+    missing = [d for d in ("data/tokens", "data/prepared", "models/teacher") if not (repo / d).is_dir()]
+    if missing:
+        raise SystemExit(f"{repo} lacks {missing}: run `make repro` there first (or pass --repo a repository that has)")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     print(f"compressed precisions {COMPRESSED} vs float16; repo {repo}; {os.cpu_count()} cores, load "
-          f"{os.getloadavg()[0]:.1f}. Ratios are measured side by side in this run.")
+          f"{os.getloadavg()[0]:.1f}. Ratios are measured side by side in this run.", flush=True)
     result: dict = {"fidelity": [], "loader": []}
     with tempfile.TemporaryDirectory(prefix="compression-") as tmp:
         tmp = Path(tmp)
-        print(f"\n{'array':<18} {'B/row f16':>10} {'B/row q':>9} {'ratio':>6}  fidelity")
-        for name in DATASETS:
+        measured = () if args.no_fidelity else DATASETS
+        if measured:
+            print(f"\n{'array':<18} {'B/row f16':>10} {'B/row q':>9} {'ratio':>6}  fidelity")
+        for name in measured:
             f16, q = build_pair(repo, params, name, args.rows, tmp)
             for row in fidelity(f16, q):
                 row["dataset"] = name
