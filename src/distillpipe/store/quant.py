@@ -9,8 +9,8 @@ writer, decode in the reader, with numpy only.
   step of float16's largest (65504) lose up to a whole step, so that no code decodes past it to ``inf``. Scores keep
   the ``-inf`` of masked positions as the code -128, decoded back to exactly ``-inf``.
 * ``uint8_steps`` (MLM top-k logits): steps of 1/16 nat below the slot's top-1 logit, and a float32 anchor placed
-  so that the decoded top-k probability mass equals the teacher's (to float32 precision) (the tail mass then stays what the float32
-  ``mlm/logsumexp`` says it is).
+  so that the decoded top-k probability mass equals the teacher's, to float32 precision (the tail mass then stays
+  what the float32 ``mlm/logsumexp`` says it is).
 
 Decoding writes straight into the caller's float16 array, so a reader's output has the float16 layout's dtype and
 shape whatever the precision.

@@ -119,8 +119,8 @@ FORMULAS = {
     INT8_ROWS: "X = float16(float32(X.q) * float32(X.scale)[..., None]); the product of an int8 and a float16 is "
                "exact in float32, so one rounding to float16. Written as X.scale = max|x| / 127 over the last axis, "
                "rounded to float16 upwards and at least 2^-24 (the smallest float16: an all-zero vector's; never "
-               "0), X.q = round_half_even(x / scale); in a vector with 127 * scale > 65504 clipped to +-floor(65504 / scale) "
-               "so that every code decodes finite",
+               "0), X.q = round_half_even(x / scale); in a vector with 127 * scale > 65504 clipped to "
+               "+-floor(65504 / scale) so that every code decodes finite",
     INT8_SCORES: "X = float16(float32(X.q) * float32(X.scale)[..., None]), and X = -inf where X.q == -128 (a masked "
                  "position); otherwise as int8_rows, max|x| over the finite scores of the (head, query) row (a fully "
                  "masked row: scale 2^-24 and every X.q -128)",
