@@ -28,6 +28,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+F16 = {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16", "mlm_topk": "float16"}
+
+
 def run(cmd: list[str], timeout: int) -> tuple[int, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")) if p)}
@@ -96,7 +99,7 @@ def dask_cuda_build() -> dict:
         cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "train", "max_rows": None,
                                                 "signals": {"logits": False, "mlm_topk": 0, "hidden_layers": [2, 4],
                                                             "attn_layers": [2, 4], "pool": 4, "attn_probs": False,
-                                                            "embeddings": False}}, "gpu_check")
+                                                            "embeddings": False, "precision": F16}}, "gpu_check")
         t = time.perf_counter()
         build_teacher_cache("gpu", tokens, teacher, cfg, "cuda", 64, 256, tmp / "inproc.zarr", cpu_threads=1)
         inproc = time.perf_counter() - t

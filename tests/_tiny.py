@@ -159,9 +159,13 @@ def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 
     return path
 
 
+PRECISION_F16 = {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16", "mlm_topk": "float16"}
+"""teacher_cache signals.precision: every signal stored float16 (params.yaml's default)."""
+
+
 def signals(**over) -> dict:
     s = {"logits": False, "mlm_topk": 0, "hidden_layers": [1, 2], "attn_layers": [2], "pool": 2,
-         "attn_probs": False, "embeddings": False}
+         "attn_probs": False, "embeddings": False, "precision": PRECISION_F16}
     s.update(over)
     return s
 

@@ -4,6 +4,7 @@ Also a script, so tests can write shards in real subprocesses (killed with SIGKI
 concurrent writers):
 
     python store_helpers.py write  <store> <N> <shard_rows> [<kill_shard> <kill_after_array>]
+    python store_helpers.py write-int8 ...   (the same with every quantizable signal compressed: INT8)
     python store_helpers.py worker <store> <shard> [<shard> ...]
     python store_helpers.py hold   <store> <N> <shard_rows>   (open as the writer, say so, wait for stdin EOF)
     python store_helpers.py repeat <store> <shard> <times>     (write one shard again and again)
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from distillpipe.store.manifest import Manifest, TeacherInfo
-from distillpipe.store.schema import ATTN_MASKED, MLM_UNUSED_POSITION, SignalSpec, array_layout
+from distillpipe.store.schema import ATTN_MASKED, MLM_UNUSED_POSITION, SignalPrecision, SignalSpec, array_layout
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,6 +34,10 @@ def tiny_spec(**overrides) -> SignalSpec:
     )  # fmt: skip
     fields.update(overrides)
     return SignalSpec(**fields)
+
+
+INT8 = SignalPrecision(hidden="int8", embeddings="int8", attn_scores="int8", mlm_topk="uint8")
+"""Every quantizable signal compressed."""
 
 
 def tiny_manifest(n_rows: int = 500, shard_rows: int = 128, **overrides) -> Manifest:
@@ -104,8 +109,9 @@ def _main(argv: list[str]) -> None:
     from distillpipe.store.writer import write_shard
 
     mode, store = argv[0], Path(argv[1])
-    if mode == "write":
-        manifest = tiny_manifest(int(argv[2]), int(argv[3]))
+    if mode in ("write", "write-int8"):
+        precision = {"precision": INT8} if mode == "write-int8" else {}
+        manifest = tiny_manifest(int(argv[2]), int(argv[3]), signals=tiny_spec(**precision))
         kill_shard, kill_after = (int(argv[4]), argv[5]) if len(argv) > 4 else (-1, "")
         writer = create_or_resume(store, manifest)
         pending = writer.pending_shards()

@@ -7,11 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import zarr
-from store_helpers import tiny_manifest
+from store_helpers import INT8, tiny_manifest, tiny_spec
 from zarr.storage import LocalStore, MemoryStore
 
 from distillpipe.store.codec import ShardCodec
-from distillpipe.store.schema import array_layout
+from distillpipe.store.schema import array_layout, stored_layout
 from distillpipe.store.shards import shard_key
 from distillpipe.store.writer import CHUNK_KEY_ENCODING, compressors
 
@@ -20,6 +20,15 @@ def _zarr_array(store, spec):
     return zarr.create_array(store, name=spec.name, shape=spec.shape, chunks=spec.chunks, shards=spec.shards,
                              dtype=spec.dtype, compressors=compressors(), fill_value=spec.fill_value,
                              chunk_key_encoding=CHUNK_KEY_ENCODING, dimension_names=spec.dimension_names)
+
+
+def _every_kind(manifest):
+    """The layout's arrays and those of the compressed stored forms (int8 values, float16 scales, uint8 steps,
+    float32 anchors)."""
+    layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+    names = {s.name for s in layout}
+    return layout + [s for s in stored_layout(tiny_spec(precision=INT8), manifest.n_rows, manifest.shard_rows)
+                     if s.name not in names]
 
 
 def _rows(spec, n, rng, fill_chunks=()):
@@ -39,7 +48,7 @@ def _rows(spec, n, rng, fill_chunks=()):
 def test_encoded_shards_are_zarrs_bytes(n_rows, shard_rows):
     manifest = tiny_manifest(n_rows=n_rows, shard_rows=shard_rows)
     rng = np.random.default_rng(0)
-    layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+    layout = _every_kind(manifest)
     assert {s.dtype.kind for s in layout} >= {"f", "i", "u"} and any(np.isneginf(s.fill_value) for s in layout)
     pool = ThreadPoolExecutor(2)
     for spec in layout:
@@ -62,7 +71,7 @@ def test_encoded_shards_are_zarrs_bytes(n_rows, shard_rows):
 def test_decoded_rows_are_what_zarr_reads(tmp_path):
     manifest = tiny_manifest(n_rows=300, shard_rows=128)
     rng = np.random.default_rng(1)
-    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
+    for spec in _every_kind(manifest):
         array = _zarr_array(LocalStore(tmp_path / spec.name.replace("/", "_")), spec)
         data = _rows(spec, 300, rng, fill_chunks=(1,))
         array[0:256] = data[:256]  # the last shard (rows 256-299) is never written: reads as fill

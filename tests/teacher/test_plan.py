@@ -56,9 +56,10 @@ def _params(path: Path, datasets: dict, tokenize: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    """A repository layout (data/tokens, models/teacher) with three stores built as `dvc repro` would: MLM top-k with
+    """A repository layout (data/tokens, models/teacher) with four stores built as `dvc repro` would: MLM top-k with
     hidden states and pooled scores (70 of 100 rows: shards of 32, 32, 6), attention probabilities with embeddings
-    (40 rows), and classification logits (40 rows: 32 + 8)."""
+    (40 rows), classification logits (40 rows: 32 + 8), and MLM top-k, hidden states, scores and embeddings stored
+    compressed (40 rows)."""
     from transformers import BertConfig, BertForMaskedLM
 
     root = tmp_path_factory.mktemp("repo")
@@ -74,15 +75,19 @@ def repo(tmp_path_factory):
     clf = make_tiny_bert_dir(root / "models" / "teacher" / "clf", num_labels=3, seed=1)
     make_mlm_tokens(root / "data" / "tokens" / "toy_mlm", mlm_teacher, n_rows=100)
     make_mlm_tokens(root / "data" / "tokens" / "toy_probs", mlm_teacher, n_rows=40, seed=2)
+    make_mlm_tokens(root / "data" / "tokens" / "toy_int8", mlm_teacher, n_rows=40, seed=3)
     make_classification_tokens(root / "data" / "tokens" / "toy_cls", clf, n_train=40, n_dev=8)
     datasets = {
         "toy_mlm": _item("mlm", "mlm", 70, mlm_topk=8, hidden_layers=[0, 2], attn_layers=[1, 2], pool=2),
         "toy_probs": _item("mlm", "base", None, hidden_layers=[2], attn_layers=[1], pool=1, attn_probs=True,
                            embeddings=True),
         "toy_cls": _item("clf", "classification", None, logits=True, hidden_layers=[], attn_layers=[], pool=1),
+        "toy_int8": _item("mlm", "mlm", None, mlm_topk=8, hidden_layers=[0, 2], attn_layers=[1, 2], pool=2,
+                          embeddings=True, precision={"hidden": "int8", "embeddings": "int8", "attn_scores": "int8",
+                                                      "mlm_topk": "uint8"}),
     }
     params = _params(root / "params.yaml", datasets,
-                     {"toy_mlm": MLM_VIEW, "toy_probs": MLM_VIEW,
+                     {"toy_mlm": MLM_VIEW, "toy_probs": MLM_VIEW, "toy_int8": MLM_VIEW,
                       "toy_cls": {"kind": "classification", "max_seq_len": None}})
     cfg = load_section(params, "teacher_cache", TeacherCacheConfig)
     for name, dcfg in cfg.datasets.items():
@@ -106,7 +111,7 @@ def _data_files(store: Path) -> list[Path]:
     return [p for p in store.rglob("*") if p.is_file() and "c" in p.relative_to(store).parts]
 
 
-@pytest.mark.parametrize("name", ["toy_mlm", "toy_probs", "toy_cls"])
+@pytest.mark.parametrize("name", ["toy_mlm", "toy_probs", "toy_cls", "toy_int8"])
 def test_plan_equals_the_built_store(repo, name):
     item = next(i for i in repo["plan"].items if i.name == name)
     store = repo["root"] / "data" / "teacher" / f"{name}.zarr"
@@ -129,6 +134,7 @@ def test_on_disk_estimate_within_the_documented_tolerance(repo):
         ratios[item.name] = sum(p.stat().st_size for p in _data_files(store)) / item.est_bytes
     lo, hi = COMPRESSED_TOLERANCE
     assert lo <= ratios["toy_mlm"] <= hi and lo <= ratios["toy_probs"] <= hi, ratios
+    assert lo <= ratios["toy_int8"] <= hi, ratios  # int8 values and float16 scales: the stored layout's bytes
     # and far better than the uncompressed size for padded rows (mean length ~19 of 32)
     item = next(i for i in repo["plan"].items if i.name == "toy_probs")
     assert item.est_bytes < 0.75 * item.nbytes

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from _tiny import SPECIAL, finetune_params
+from _tiny import PRECISION_F16, SPECIAL, finetune_params
 from scipy import stats
 from scipy.special import softmax
 
@@ -73,7 +73,8 @@ def stsb(tmp_path_factory, shared_data):
     cache_cfg = build(TeacherCacheDatasetConfig, {
         "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
-                    "attn_probs": False, "embeddings": False}}, "teacher_cache.datasets.stsb")
+                    "attn_probs": False, "embeddings": False, "precision": PRECISION_F16}},
+        "teacher_cache.datasets.stsb")
     build_teacher_cache("stsb", tokens, root / "teacher", cache_cfg, "cpu", 64, 1024, root / "stsb.zarr", cpu_threads=1)
     return {"root": root, "tokens": tokens, "prepared": root / "prepared", "teacher": root / "teacher",
             "teacher_summary": teacher}
@@ -161,7 +162,8 @@ def test_regression_needs_a_teacher_fine_tuned_on_bins(stsb, tmp_path):
     cache_cfg = build(TeacherCacheDatasetConfig, {
         "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
-                    "attn_probs": False, "embeddings": False}}, "teacher_cache.datasets.stsb")
+                    "attn_probs": False, "embeddings": False, "precision": PRECISION_F16}},
+        "teacher_cache.datasets.stsb")
     build_teacher_cache("stsb", stsb["tokens"], teacher, cache_cfg, "cpu", 64, 1024, tmp_path / "c.zarr", cpu_threads=1)
     run = _run({"hard": 1.0})
     with pytest.raises(ValueError, match="regression_bin_width"):

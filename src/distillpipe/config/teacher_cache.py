@@ -9,6 +9,24 @@ from distillpipe.config.base import ConfigError
 
 
 @dataclass(frozen=True)
+class PrecisionConfig:
+    """How each quantizable signal is stored (docs/precision.md: formulas, measured fidelity and effect on students).
+    Readers and training see float16 either way; a compressed precision halves the bytes on disk and on the network.
+    Part of the store's identity (a change rebuilds it); a setting for a signal the cache does not keep is ignored."""
+
+    hidden: Literal["float16", "int8"]
+    """Hidden states: ``int8`` = symmetric int8 with a float16 scale per position."""
+    embeddings: Literal["float16", "int8"]
+    """Embedding-layer output: as ``hidden``."""
+    attn_scores: Literal["float16", "int8"]
+    """Pooled attention scores: int8 with a float16 scale per (head, query) row; the ``-inf`` of masked blocks is kept
+    exactly. (Attention probabilities and task logits are always float16.)"""
+    mlm_topk: Literal["float16", "uint8"]
+    """MLM top-k logits: ``uint8`` = steps of 1/16 nat below the top-1, the top-k probability mass (so the tail mass)
+    kept."""
+
+
+@dataclass(frozen=True)
 class SignalsConfig:
     """What the teacher cache keeps: the user's choice. Never keep what no loss uses: every array costs disk and
     I/O. :func:`distillpipe.teacher.cache.signal_spec` turns it, with the teacher's and the tokens' sizes, into
@@ -34,6 +52,8 @@ class SignalsConfig:
     and layers with care."""
     embeddings: bool
     """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): large."""
+    precision: PrecisionConfig
+    """How the hidden states, embeddings, attention scores and MLM top-k are stored (float16 or compressed)."""
 
     def __post_init__(self) -> None:
         if self.pool < 1 or self.mlm_topk < 0:

@@ -195,7 +195,7 @@ def check_supported(metadata: Any) -> None:
         shard_shape, chunk_shape = meta["chunk_grid"]["configuration"]["chunk_shape"], cfg["chunk_shape"]
         ok = (inner == ["bytes", "blosc", "crc32c"] and index == ["bytes", "crc32c"]
               and cfg.get("index_location", "end") == "end"
-              and all(c["configuration"].get("endian", "little") == "little"
+              and all(c.get("configuration", {}).get("endian", "little") == "little"  # none for 1-byte types
                       for c in cfg["codecs"] + cfg["index_codecs"] if c["name"] == "bytes")
               and list(shard_shape[1:]) == list(meta["shape"][1:]) == list(chunk_shape[1:])
               and shard_shape[0] % chunk_shape[0] == 0)

@@ -8,7 +8,11 @@ teacher                {name, weights_sha256, tokenizer_sha256, config (JSON obj
 tokens_fingerprint     content digest of the tokens dataset the rows come from
 split                  the tokens split whose rows are cached (``train``)
 row_subset             only when a subset of the split is cached: {max_rows, rule}; ``row_index`` names the rows
-signals                the :class:`~distillpipe.store.schema.SignalSpec` as a dict
+signals                the :class:`~distillpipe.store.schema.SignalSpec` as a dict (``precision``: how each
+                       quantizable signal is stored)
+encoding               only when a signal is stored compressed: {array: {kind, values, scale, formula}}, the stored
+                       arrays of each compressed array and the formula that decodes them (derived from ``signals``;
+                       what a reader without distillpipe needs: :data:`~distillpipe.store.schema.FORMULAS`)
 compute                how the values were computed: {precision, batch_size}; a resumed build must not
                        mix bf16-on-GPU shards with fp32-on-CPU ones, nor batchings (padding and kernel
                        choice shift the last bits)
@@ -41,9 +45,10 @@ from distillpipe.store.schema import SignalSpec
 
 MANIFEST_KEY = "manifest"
 """Key of the manifest in the root group's attributes."""
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """2: crc32c per inner chunk (a damaged chunk fails its read), code and compute in the identity; 3: Blosc lz4
-instead of zstd (nearly the bytes of padding zstd saved, 5-10x less CPU to write and to read)."""
+instead of zstd (nearly the bytes of padding zstd saved, 5-10x less CPU to write and to read); 4: a per-signal
+``precision`` in the signals (compressed stored forms, the manifest's ``encoding``)."""
 NOT_COMPARED = ("completed_shards", "code_version")
 """Top-level manifest fields left out of identity comparisons (progress and provenance)."""
 _MISSING = object()
@@ -135,6 +140,7 @@ class Manifest:
             "split": self.split,
             **({"row_subset": dict(self.row_subset)} if self.row_subset is not None else {}),
             "signals": self.signals.to_dict(),
+            **({"encoding": self.encoding()} if self.signals.encodings() else {}),
             "compute": dict(self.compute),
             "code": dict(self.code),
             "code_version": self.code_version,
@@ -142,6 +148,11 @@ class Manifest:
             "shard_rows": self.shard_rows,
             "completed_shards": list(self.completed_shards),
         }
+
+    def encoding(self) -> dict[str, dict[str, str]]:
+        """{array: {kind, values, scale, formula}} for the arrays stored compressed (the manifest's ``encoding``)."""
+        return {name: {"kind": e.kind, "values": e.values, "scale": e.scale, "formula": e.formula}
+                for name, e in self.signals.encodings().items()}
 
     def identity(self) -> dict[str, Any]:
         """The fields that must match for a cache to be reused."""
@@ -151,7 +162,10 @@ class Manifest:
     def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
         names = {"format_version", "teacher", "tokens_fingerprint", "split", "signals", "compute", "code",
                  "code_version", "n_rows", "shard_rows", "completed_shards"}  # fmt: skip
-        unknown, missing = sorted(set(d) - names - {"row_subset"}), sorted(names - set(d))
+        if d.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"manifest of format version {d.get('format_version')}; this distillpipe reads version "
+                             f"{FORMAT_VERSION} (a store written by another version: rebuild it)")
+        unknown, missing = sorted(set(d) - names - {"row_subset", "encoding"}), sorted(names - set(d))
         if unknown or missing:
             raise ValueError(f"manifest: unknown keys {unknown}, missing keys {missing}")
         return cls(

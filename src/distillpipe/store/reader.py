@@ -14,6 +14,10 @@ carries a crc32c, and :meth:`TeacherStore.read` turns a failed read into
 :class:`~distillpipe.store.manifest.StoreDamaged` naming the shards it touched. So no training step
 ever sees a damaged value, and no zarr traceback reaches a user.
 
+Readers see the float16 arrays of :func:`~distillpipe.store.schema.array_layout` whatever the store's precision: an
+array stored compressed (:meth:`~distillpipe.store.schema.SignalSpec.encodings`) is decoded as it is read, piece by
+piece in the codec threads, straight into the float16 output (:mod:`distillpipe.store.quant`).
+
 Reads are row ranges of whole arrays; for training use the block loader (:mod:`distillpipe.store.loader`),
 which reads chunk-aligned blocks: random single-row reads decode a whole inner chunk (8-64 rows) per
 row and are tens of times slower.
@@ -34,7 +38,8 @@ import zarr
 from distillpipe.store.codec import ShardCodec, codec_pool, codec_threads
 from distillpipe.store.lock import StoreLocked, writer_active
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreDamaged, StoreIncomplete, check_manifest
-from distillpipe.store.schema import ArraySpec, array_layout
+from distillpipe.store.quant import decode
+from distillpipe.store.schema import ArraySpec, array_layout, stored_layout
 from distillpipe.store.shards import marked_shards, read_marker, shard_key, tree_bytes, verify_shards
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,12 @@ class TeacherStore:
         self.layout: dict[str, ArraySpec] = {
             s.name: s for s in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
         }
+        """What readers see (float16 whatever the precision)."""
+        self.stored: dict[str, ArraySpec] = {
+            s.name: s for s in stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+        }
+        """The Zarr arrays on disk."""
+        self.encodings = manifest.signals.encodings()
         self._group = zarr.open_group(str(root), mode="r")
         self._arrays: dict[str, Any] = {}
         self._codecs: dict[str, ShardCodec] = {}
@@ -65,7 +76,7 @@ class TeacherStore:
         return tuple(self.layout)
 
     def _array(self, name: str) -> Any:
-        if name not in self.layout:
+        if name not in self.stored:
             raise KeyError(f"{self.root} has no array {name!r}; it has {list(self.layout)}")
         if name not in self._arrays:
             self._arrays[name] = self._group[name]
@@ -87,9 +98,12 @@ class TeacherStore:
         n = sum(b - a for a, b in blocks)
         out, pieces = {}, []
         for name in names:
-            spec = self.layout[name] if name in self.layout else self._array(name)  # KeyError naming the arrays
+            if name not in self.layout:
+                raise KeyError(f"{self.root} has no array {name!r}; it has {list(self.layout)}")
+            spec = self.layout[name]
             rows = np.empty((n, *spec.shape[1:]), dtype=spec.dtype)
-            self._codec(name)  # opened here, not by the pool's threads
+            for part in self._parts(name):
+                self._codec(part)  # opened here, not by the pool's threads
             at = 0
             for start, stop in blocks:
                 pieces += self._pieces(name, start, stop, rows[at:at + stop - start])
@@ -114,8 +128,32 @@ class TeacherStore:
                  out[max(start, i * per_shard) - start:min(stop, (i + 1) * per_shard) - start])
                 for i in range(start // per_shard, -(-stop // per_shard))]
 
+    def _parts(self, name: str) -> tuple[str, ...]:
+        """The stored arrays holding ``name``: itself, or its values and scales."""
+        e = self.encodings.get(name)
+        return (name,) if e is None else (e.values, e.scale)
+
     def _decode(self, name: str, i: int, a: int, b: int, out: np.ndarray, pool: Any) -> None:
-        spec = self.layout[name]
+        """Rows [a, b) of shard i of ``name`` into ``out``; a compressed array's values and scales are read into
+        buffers of this piece's rows and decoded into ``out`` (in this thread: pieces run on the codec threads)."""
+        e = self.encodings.get(name)
+        if e is None:
+            self._read(name, i, a, b, out, pool)
+            return
+        values = np.empty(out.shape, dtype=self.stored[e.values].dtype)
+        scales = np.empty(out.shape[:-1], dtype=self.stored[e.scale].dtype)
+        self._read(e.values, i, a, b, values, pool)
+        self._read(e.scale, i, a, b, scales, pool)
+        if pool is None or len(out) < 2:
+            decode(e.kind, values, scales, out)
+            return
+        step = -(-len(out) // codec_threads())  # this piece alone: its rows decoded on every codec thread
+        for _ in pool.map(lambda r: decode(e.kind, values[r:r + step], scales[r:r + step], out[r:r + step]),
+                          range(0, len(out), step)):
+            pass
+
+    def _read(self, name: str, i: int, a: int, b: int, out: np.ndarray, pool: Any) -> None:
+        spec = self.stored[name]
         try:
             self._codec(name).decode_rows(self.root / shard_key(spec, i), a, b, out, pool)
         except Exception as e:  # crc32c mismatch, truncated shard index, undecodable chunk...
@@ -142,26 +180,32 @@ class TeacherStore:
         """Check every completed shard's files against its completion marker:
         {shard: problems} for the damaged ones (empty when all are intact)."""
         shards = list(self.manifest.completed_shards)
-        _, bad = verify_shards(self.root, list(self.layout.values()), shards, checksum=checksum)
+        _, bad = verify_shards(self.root, list(self.stored.values()), shards, checksum=checksum)
         return bad
 
     def info(self) -> dict[str, Any]:
-        """Everything ``distillpipe inspect`` shows: manifest, arrays (shape, dtype, chunks, shards,
-        stored bytes, compression ratio), shards, bytes on disk and per row."""
+        """Everything ``distillpipe inspect`` shows: manifest, arrays (shape, dtype as read, precision as stored,
+        chunks, shards, stored bytes, bytes a row on disk, compression ratio against float16), shards, bytes on disk
+        and per row."""
         arrays = []
         stored_total = raw_total = 0
         done = self.manifest.completed_shards
+        rows_done = sum(b - a for a, b in map(self.manifest.shard_rows_range, done))
         for spec in self.layout.values():
-            stored = sum(_size(self.root / shard_key(spec, i)) for i in range(self.manifest.n_shards))
-            raw = sum(spec.row_nbytes * (b - a) for a, b in map(self.manifest.shard_rows_range, done))
+            parts = [self.stored[p] for p in self._parts(spec.name)]
+            stored = sum(_size(self.root / shard_key(p, i)) for p in parts for i in range(self.manifest.n_shards))
+            raw = spec.row_nbytes * rows_done
             stored_total, raw_total = stored_total + stored, raw_total + raw
+            e = self.encodings.get(spec.name)
             arrays.append({
                 "name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
-                "chunks": list(spec.chunks), "shards": list(spec.shards), "fill_value": spec.fill_value,
-                "bytes_per_row_raw": spec.row_nbytes, "bytes_stored": stored,
+                "precision": str(spec.dtype) if e is None else str(parts[0].dtype),
+                "stored_as": [p.name for p in parts], "chunks": list(spec.chunks), "shards": list(spec.shards),
+                "fill_value": spec.fill_value, "bytes_per_row_raw": spec.row_nbytes,
+                "bytes_per_row_stored_raw": sum(p.row_nbytes for p in parts), "bytes_stored": stored,
+                "bytes_per_row": stored / rows_done if rows_done else None,
                 "compression_ratio": raw / stored if stored else None,
             })  # fmt: skip
-        rows_done = sum(b - a for a, b in map(self.manifest.shard_rows_range, done))
         on_disk = tree_bytes(self.root)
         return {
             "path": str(self.root),
@@ -238,18 +282,23 @@ def format_info(info: Mapping[str, Any]) -> str:
         f"signals        task={s['task']} pool={s['pool']} L={s['max_seq_len']} hidden={s['hidden_layers']} "
         f"attn_scores={s['attn_layers']} attn_probs={s['attn_probs_layers']} mlm_topk={s['mlm_topk']} "
         f"embeddings={s['embedding_size']}",
+        f"precision      {', '.join(f'{k} {v}' for k, v in s['precision'].items())}",
         f"rows           {info['n_rows']:,} in {info['n_shards']} shards of {m['shard_rows']:,}; "
         f"{info['completed_shards']} shards complete ({info['rows_complete']:,} rows)",
         f"on disk        {_mib(info['bytes_on_disk'])}, {_num(info['bytes_per_row'])} bytes/row "
         f"(raw {info['bytes_per_row_raw']:,} bytes/row), compression {_ratio(info['compression_ratio'])}",
         "",
-        f"{'array':<20} {'shape':<24} {'dtype':<8} {'chunks':<20} {'shards':<20} {'stored':>11} {'ratio':>7}",
+        f"{'array':<20} {'shape':<24} {'dtype':<8} {'stored':<8} {'chunks':<20} {'shards':<20} {'on disk':>11} "
+        f"{'bytes/row':>10} {'ratio':>7}",
     ]
     for a in info["arrays"]:
         lines.append(
-            f"{a['name']:<20} {_shape(a['shape']):<24} {a['dtype']:<8} {_shape(a['chunks']):<20} "
-            f"{_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} {_ratio(a['compression_ratio']):>7}"
+            f"{a['name']:<20} {_shape(a['shape']):<24} {a['dtype']:<8} {a['precision']:<8} {_shape(a['chunks']):<20} "
+            f"{_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} {_num(a['bytes_per_row']):>10} "
+            f"{_ratio(a['compression_ratio']):>7}"
         )
+    for name, e in m.get("encoding", {}).items():
+        lines.append(f"  {name} = {e['values']}, {e['scale']}: {e['formula']}")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ import zarr
 
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, diff_manifests
-from distillpipe.store.schema import array_layout
+from distillpipe.store.schema import stored_layout
 from distillpipe.store.shards import (
     marked_shards,
     remove_partials,
@@ -79,7 +79,7 @@ def _create(root: Path, manifest: Manifest) -> None:
     creation that was interrupted."""
     root.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(root), mode="w")
-    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
+    for spec in stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
         group.create_array(
             spec.name,
             shape=spec.shape,
@@ -121,7 +121,7 @@ def _layout_differences(root: Path, manifest: Manifest) -> str:
     """Arrays whose metadata on disk differ from the layout ``manifest`` implies ('' = none)."""
     group = zarr.open_group(str(root), mode="r")
     problems = []
-    for spec in array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
+    for spec in stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
         try:
             a = group[spec.name]
         except KeyError:
@@ -138,7 +138,7 @@ def _resume(root: Path, manifest: Manifest, old: Manifest, lock: StoreLock, *, c
     removed = remove_partials(root)
     if removed:
         log.info("teacher cache %s: removed %d stray *.partial file(s) of interrupted writes", root, len(removed))
-    layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+    layout = stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
     marked = marked_shards(root, manifest.n_shards)
     good, bad = verify_shards(root, layout, marked, checksum=checksum)
     for i, problems in bad.items():

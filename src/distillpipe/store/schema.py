@@ -32,6 +32,13 @@ Layout rules (format version 3; codecs: Blosc lz4 with byte shuffle, then a crc3
 * ``mlm/positions`` (N, M) holds the token position of each of the M top-k slots, ``-1`` for unused
   slots (rows with fewer than M masked tokens); the other ``mlm/*`` arrays hold fill values there.
 
+Two layouts: :func:`array_layout` is what readers and training see (the float16 arrays above, whatever the
+precision); :func:`stored_layout` is what is on disk. They differ only for the signals whose
+:class:`SignalPrecision` is not float16: such an array ``X`` is stored as two plain Zarr arrays, ``X.q`` (int8, or
+the MLM's uint8 ``X.steps``) and ``X.scale`` (float16, or the MLM's float32 ``X.anchor``), decoded by the formula
+:data:`FORMULAS` spells (also in the manifest's ``encoding`` and in docs/precision.md), so any Zarr reader can decode
+them. The math is :mod:`distillpipe.store.quant`.
+
 Limits: ``N * prod(row shape)`` is unbounded (hundreds of GB is fine), but one shard of every
 array is held in memory while it is written (:mod:`distillpipe.store.writer`), so ``shard_rows``
 must be chosen so that a shard fits in RAM (e.g. attention probabilities of BERT-Large at L=384
@@ -95,6 +102,70 @@ def array_group(name: str) -> str:
     return name.split("/", 1)[0]
 
 
+# --- precision: the stored forms of the quantizable signals
+PRECISION_CHOICES = {"hidden": ("float16", "int8"), "embeddings": ("float16", "int8"),
+                     "attn_scores": ("float16", "int8"), "mlm_topk": ("float16", "uint8")}
+"""The stored precisions of each quantizable signal (attention probabilities and task logits stay float16)."""
+INT8_ROWS, INT8_SCORES, UINT8_STEPS = "int8_rows", "int8_scores", "uint8_steps"
+"""The encodings: symmetric int8 per row vector (hidden states, embeddings), the same keeping the ``-inf`` of masked
+scores (attention scores), uint8 steps below an anchor (MLM top-k logits)."""
+MLM_STEP = 1 / 16
+"""Nats per uint8 step of the MLM top-k logits: steps reach 255 / 16 = 15.9 nats below the top-1 logit (a token
+further below has a probability under e^-15.9 = 1.2e-7 of the top-1's, and is stored at 15.9); the rounding error is
+at most 1/32 nats a logit, a KL of ~(1/16)^2 / 24 = 1.6e-4 nats at most over the top-k."""
+SCORES_MASKED_Q = -128
+"""The int8 code of a masked (``-inf``) attention score; finite scores use -127..127."""
+FORMULAS = {
+    INT8_ROWS: "X = float16(float32(X.q) * float32(X.scale)[..., None]); the product of an int8 and a float16 is "
+               "exact in float32, so one rounding to float16. Written as X.scale = max|x| / 127 over the last axis, "
+               "rounded to float16 upwards and at least 2^-24 (the smallest float16: an all-zero vector's; never "
+               "0), X.q = round_half_even(x / scale); in a vector with 127 * scale > 65504 clipped to "
+               "+-floor(65504 / scale) so that every code decodes finite",
+    INT8_SCORES: "X = float16(float32(X.q) * float32(X.scale)[..., None]), and X = -inf where X.q == -128 (a masked "
+                 "position); otherwise as int8_rows, max|x| over the finite scores of the (head, query) row (a fully "
+                 "masked row: scale 2^-24 and every X.q -128)",
+    UINT8_STEPS: "X = float16(float32(X.anchor)[..., None] - float32(X.steps) / 16) in float32 arithmetic (steps / 16 "
+                 "is exact; then one float32 and one float16 rounding). Written as X.steps = min(255, "
+                 "round_half_even(16 * (max(x) - x))) over the last (rank) axis, and "
+                 "X.anchor = float32(logsumexp(x) - logsumexp(-X.steps / 16)) in float64: the decoded top-k logits "
+                 "hold the teacher's top-k probability mass (so mlm/logsumexp, stored as it was, keeps the tail "
+                 "mass 1 - sum(exp(X - logsumexp)) exact up to the float16 rounding a float16 store has too)",
+}
+"""How each stored form decodes (and was encoded): the text the manifest's ``encoding`` carries."""
+
+
+@dataclass(frozen=True)
+class SignalPrecision:
+    """How each quantizable signal is stored: ``float16`` (as computed, the default) or a compressed form
+    (:data:`PRECISION_CHOICES`); part of the :class:`SignalSpec`, so of the store's identity. Readers always see
+    float16 (:func:`array_layout`); only the bytes on disk differ (:func:`stored_layout`)."""
+
+    hidden: str = "float16"
+    embeddings: str = "float16"
+    attn_scores: str = "float16"
+    mlm_topk: str = "float16"
+
+    def __post_init__(self) -> None:
+        for name, choices in PRECISION_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"precision.{name}={getattr(self, name)!r}: one of {list(choices)}")
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The stored form of one quantized array: its encoding (:data:`FORMULAS`) and its two stored arrays."""
+
+    kind: str
+    values: str
+    """int8 codes (``X.q``) or uint8 steps (``X.steps``): the array's shape."""
+    scale: str
+    """float16 scales (``X.scale``) or float32 anchors (``X.anchor``): the array's shape without its last axis."""
+
+    @property
+    def formula(self) -> str:
+        return FORMULAS[self.kind]
+
+
 def logit_arrays(task: str) -> tuple[str, ...]:
     """The task-logit arrays of ``task`` (one of :data:`TASKS`)."""
     return {"none": (), "classification": (LOGITS,), "qa": (START_LOGITS, END_LOGITS)}[task]
@@ -137,8 +208,19 @@ class SignalSpec:
     """Layers j whose attention probabilities (unpooled) are cached as ``attn_probs/L{j}``."""
     embedding_size: int
     """e: width of the cached embedding-layer output ``embeddings`` (N, L, e); 0 = not cached."""
+    precision: SignalPrecision = SignalPrecision()
+    """How the quantizable signals are stored; a compressed precision only for signals the spec keeps (the build
+    writes float16 for the others: :func:`distillpipe.teacher.cache.spec_for`), so that an unused setting never
+    changes a store's identity."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.precision, dict):  # from a manifest
+            object.__setattr__(self, "precision", SignalPrecision(**self.precision))
+        kept = {"hidden": bool(self.hidden_layers), "embeddings": bool(self.embedding_size),
+                "attn_scores": bool(self.attn_layers), "mlm_topk": bool(self.mlm_topk)}
+        unused = [k for k, on in kept.items() if not on and getattr(self.precision, k) != "float16"]
+        if unused:
+            raise ValueError(f"SignalSpec.precision: {unused} not float16, but the spec keeps no such signal")
         for name in ("hidden_layers", "attn_layers", "attn_probs_layers"):
             value = tuple(int(j) for j in getattr(self, name))
             object.__setattr__(self, name, value)
@@ -172,6 +254,19 @@ class SignalSpec:
         """ceil(L / p): length of pooled sequence axes."""
         return math.ceil(self.max_seq_len / self.pool)
 
+    def encodings(self) -> dict[str, Encoding]:
+        """{array name: its stored form} for the arrays stored compressed (float16 ones are stored as they are)."""
+        p, out = self.precision, {}
+        if p.hidden == "int8":
+            out.update({hidden_array(j): _encoding(INT8_ROWS, hidden_array(j)) for j in self.hidden_layers})
+        if p.embeddings == "int8" and self.embedding_size:
+            out[EMBEDDINGS] = _encoding(INT8_ROWS, EMBEDDINGS)
+        if p.attn_scores == "int8":
+            out.update({attn_scores_array(j): _encoding(INT8_SCORES, attn_scores_array(j)) for j in self.attn_layers})
+        if p.mlm_topk == "uint8" and self.mlm_topk:
+            out[MLM_TOPK_LOGITS] = _encoding(UINT8_STEPS, MLM_TOPK_LOGITS)
+        return out
+
     @property
     def mlm_ids_dtype(self) -> np.dtype:
         return np.dtype(np.uint16) if self.vocab_size < 2**16 else np.dtype(np.int32)
@@ -189,6 +284,12 @@ class SignalSpec:
         if unknown or missing:
             raise ValueError(f"signal spec: unknown keys {unknown}, missing keys {missing}")
         return cls(**d)
+
+
+def _encoding(kind: str, name: str) -> Encoding:
+    if kind == UINT8_STEPS:
+        return Encoding(kind, f"{name}.steps", f"{name}.anchor")
+    return Encoding(kind, f"{name}.q", f"{name}.scale")
 
 
 @dataclass(frozen=True)
@@ -282,8 +383,9 @@ def fill_value(name: str) -> float:
 
 
 def array_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySpec]:
-    """Every array of a store for ``spec`` with ``n_rows`` rows sharded every ``shard_rows`` rows,
-    in a fixed order (also the order in which a shard's arrays are written)."""
+    """Every array a reader of a store for ``spec`` with ``n_rows`` rows sharded every ``shard_rows`` rows sees, in
+    a fixed order: the arrays the capture computes and training reads, float16 whatever the precision (on disk:
+    :func:`stored_layout`)."""
     if n_rows < 0 or shard_rows < 1:
         raise ValueError(f"need n_rows >= 0 and shard_rows >= 1, got n_rows={n_rows}, shard_rows={shard_rows}")
     layout = []
@@ -302,3 +404,24 @@ def array_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySp
             )
         )
     return layout
+
+
+def stored_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySpec]:
+    """The Zarr arrays on disk, in a fixed order (also the order in which a shard's files are written): those of
+    :func:`array_layout`, each compressed one (:meth:`SignalSpec.encodings`) replaced by its values and scales. Both
+    keep the array's rows per inner chunk, so a block aligned for the float16 layout is aligned for the stored one."""
+    encodings = spec.encodings()
+    out = []
+    for a in array_layout(spec, n_rows, shard_rows):
+        e = encodings.get(a.name)
+        if e is None:
+            out.append(a)
+            continue
+        fill = SCORES_MASKED_Q if e.kind == INT8_SCORES else 0
+        values = np.dtype(np.uint8) if e.kind == UINT8_STEPS else np.dtype(np.int8)
+        scale = np.dtype(np.float32) if e.kind == UINT8_STEPS else np.dtype(np.float16)
+        out.append(ArraySpec(name=e.values, shape=a.shape, chunks=a.chunks, shards=a.shards, dtype=values,
+                             fill_value=fill, dimension_names=a.dimension_names))
+        out.append(ArraySpec(name=e.scale, shape=a.shape[:-1], chunks=a.chunks[:-1], shards=a.shards[:-1],
+                             dtype=scale, fill_value=0.0, dimension_names=a.dimension_names[:-1]))
+    return out

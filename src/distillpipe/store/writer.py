@@ -48,7 +48,8 @@ from zarr.storage import MemoryStore
 from distillpipe.store.codec import ShardCodec, codec_pool
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete
-from distillpipe.store.schema import ATTN_SCORES, ArraySpec, array_group, array_layout
+from distillpipe.store.quant import encode
+from distillpipe.store.schema import ATTN_SCORES, ArraySpec, SignalSpec, array_group, array_layout, stored_layout
 from distillpipe.store.shards import (
     PARTIAL_SUFFIX,
     marked_shards,
@@ -107,7 +108,7 @@ class StoreWriter:
     def __init__(self, root: Path, manifest: Manifest, lock: StoreLock):
         self.root = root
         self.lock = lock
-        self.layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
+        self.layout = stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
         self._group = zarr.open_group(str(root), mode="r+")
         self._opened = time.perf_counter()
         self._kept = set(manifest.completed_shards)
@@ -235,8 +236,9 @@ def write_shard(
     ``[i * shard_rows, min(N, (i + 1) * shard_rows))``; floats are cast to the stored float dtype
     (float32 -> float16), integers to the stored integer dtype when every value fits (int32 ids ->
     uint16), anything else is refused, and so are nan and inf (``attn_scores``: -inf marks
-    masked blocks). ``on_array_written(name, nbytes)`` is called after each array
-    (progress bars).
+    masked blocks). Signals of a compressed precision are then encoded here, in the writer's thread
+    (:mod:`distillpipe.store.quant`), never in the thread that feeds the teacher. ``on_array_written(name,
+    nbytes)`` is called after each stored array (progress bars).
 
     Safe against a kill at any point and against a second attempt at the same shard running at once
     (a lost dask worker that comes back): the shard's marker is removed first, each array's shard file
@@ -251,10 +253,11 @@ def write_shard(
     manifest = Manifest.from_dict(group.attrs[MANIFEST_KEY])
     layout = array_layout(manifest.signals, manifest.n_rows, manifest.shard_rows)
     start, stop = manifest.shard_rows_range(int(shard_index))
-    data = _checked_arrays(layout, arrays, start, stop, manifest.signals.max_seq_len, shard_index)
+    data = _encoded(manifest.signals, _checked_arrays(layout, arrays, start, stop, manifest.signals.max_seq_len,
+                                                      shard_index))
     marker_path(root, shard_index).unlink(missing_ok=True)  # a kill from here on leaves the shard pending
     files: dict[str, dict[str, Any] | None] = {}
-    for spec in layout:
+    for spec in stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
         key = shard_key(spec, shard_index)
         encoded = _encode_shard(group[spec.name].metadata, spec, data[spec.name], start, stop, key)
         files[key] = _publish(root / key, encoded)
@@ -264,6 +267,14 @@ def write_shard(
     write_marker(root, marker)
     log.debug("shard %d (rows %d-%d) written", shard_index, start, stop)
     return marker
+
+
+def _encoded(signals: SignalSpec, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The stored arrays of a shard's checked float16 arrays: each compressed one replaced by its values and scales."""
+    out = dict(data)
+    for name, e in signals.encodings().items():
+        out[e.values], out[e.scale] = encode(e.kind, out.pop(name))
+    return out
 
 
 def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, stop: int, key: str) -> bytes | None:

@@ -45,7 +45,7 @@ from distillpipe.scale.machine import ClusterSettings
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.resume import create_or_resume
-from distillpipe.store.schema import ROW_INDEX, SignalSpec
+from distillpipe.store.schema import ROW_INDEX, SignalPrecision, SignalSpec
 from distillpipe.store.shards import marked_shards
 from distillpipe.store.writer import StoreSummary, StoreWriter, write_shard
 from distillpipe.teacher.capture import signal_names, teacher_head
@@ -262,6 +262,12 @@ def spec_for(s: SignalsConfig, teacher: TeacherSizes, max_seq_len: int, max_mask
     task = "none"
     if s.logits:
         task = "qa" if teacher.head == "qa" else "classification"
+    p = s.precision
+    # a precision for a signal the store does not keep is float16 in the spec: it must not change the identity
+    precision = SignalPrecision(hidden=p.hidden if s.hidden_layers else "float16",
+                                embeddings=p.embeddings if s.embeddings else "float16",
+                                attn_scores=p.attn_scores if s.attn_layers and not s.attn_probs else "float16",
+                                mlm_topk=p.mlm_topk if s.mlm_topk else "float16")
     return SignalSpec(
         max_seq_len=int(max_seq_len), pool=s.pool, task=task,
         n_classes=teacher.num_labels if task == "classification" else 0,
@@ -270,7 +276,7 @@ def spec_for(s: SignalsConfig, teacher: TeacherSizes, max_seq_len: int, max_mask
         # attn_probs: the attention layers are kept as unpooled probabilities INSTEAD of pooled scores
         attn_layers=() if s.attn_probs else tuple(s.attn_layers), n_heads=teacher.n_heads,
         attn_probs_layers=tuple(s.attn_layers) if s.attn_probs else (),
-        embedding_size=teacher.hidden_size if s.embeddings else 0,
+        embedding_size=teacher.hidden_size if s.embeddings else 0, precision=precision,
     )
 
 

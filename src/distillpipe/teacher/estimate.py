@@ -1,7 +1,8 @@
 """The bytes a teacher cache takes on disk, estimated before they are written: for ``distillpipe plan``
 (:mod:`distillpipe.teacher.plan`) and for the build's message when the disk fills up (:mod:`distillpipe.teacher.cache`).
 
-Per row and array, the uncompressed bytes are exact (:func:`~distillpipe.store.schema.array_layout`); on disk they are
+Per row and stored array, the uncompressed bytes are exact (:func:`~distillpipe.store.schema.stored_layout`: a signal
+stored in int8 is its int8 values and float16 scales); on disk they are
 estimated as the bytes of the real values only: padding, unused MLM slots and ``-inf`` score blocks compress to almost
 nothing (an inner chunk of fill values is not even written), while float16 activations barely compress; the MLM top-k
 arrays do compress, by a measured factor (:data:`COMPRESSION`). The share of real values comes from the rows' token
@@ -25,6 +26,7 @@ from distillpipe.store.schema import (
     SignalSpec,
     array_group,
     array_layout,
+    stored_layout,
 )
 
 COMPRESSION = {MLM: 0.66}
@@ -32,6 +34,8 @@ COMPRESSION = {MLM: 0.66}
 in each slot, ids, positions), measured 0.65 with the store's Blosc lz4 on the embedded wiki store (MiniLM-L6 + its
 MLM head, 512 rows: logits 0.59, ids 0.72, positions 0.53, logsumexp 0.71; zstd gave 0.54). Every other group: 1
 (float16 activations barely compress)."""
+SCORE_SCALES = "attn_scores scales"
+"""Occupancy key of the float16 scales of int8 attention scores: one per (head, query) row."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,9 @@ class ArrayPlan:
 
 
 def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray | None) -> list[ArrayPlan]:
-    """The store's arrays with the share of each row that holds real values, from the rows' token counts
-    ``lengths`` (n,) and masked positions ``masked`` (n,) (None: unknown, every position counts as real)."""
+    """The store's arrays as stored (:func:`~distillpipe.store.schema.stored_layout`) with the share of each row
+    that holds real values, from the rows' token counts ``lengths`` (n,) and masked positions ``masked`` (n,) (None:
+    unknown, every position counts as real)."""
     L, Lp, p = spec.max_seq_len, spec.pooled_len, spec.pool
     occupancy: dict[str, float] = {}
     if lengths is not None and lengths.size:
@@ -64,11 +69,20 @@ def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray
         occupancy = {HIDDEN: groups.mean() / Lp, ATTN_SCORES: (groups**2).mean() / Lp**2,
                      ATTN_PROBS: (n**2).mean() / L**2, EMBEDDINGS: n.mean() / L, START_LOGITS: n.mean() / L,
                      END_LOGITS: n.mean() / L}
+        occupancy[SCORE_SCALES] = groups.mean() / Lp  # a scale per (head, query) row: real query rows
         if masked is not None and spec.mlm_max_masked:
             occupancy[MLM] = masked.mean() / spec.mlm_max_masked
+    scales = {e.scale for name, e in spec.encodings().items() if array_group(name) == ATTN_SCORES}
     return [ArrayPlan(a.name, array_group(a.name), str(a.dtype), a.row_shape, a.row_nbytes,
-                      float(occupancy.get(array_group(a.name), 1.0)), COMPRESSION.get(array_group(a.name), 1.0))
-            for a in array_layout(spec, 0, 1)]
+                      float(occupancy.get(SCORE_SCALES if a.name in scales else array_group(a.name), 1.0)),
+                      COMPRESSION.get(array_group(a.name), 1.0))
+            for a in stored_layout(spec, 0, 1)]
+
+
+def float16_row_bytes(spec: SignalSpec) -> int:
+    """Uncompressed bytes a row of every array as computed and read (float16 whatever the precision: what a shard
+    writer holds before it encodes, :func:`~distillpipe.store.schema.array_layout`)."""
+    return sum(a.row_nbytes for a in array_layout(spec, 0, 1))
 
 
 def estimated_bytes(spec: SignalSpec, lengths: np.ndarray, masked: np.ndarray | None) -> float:

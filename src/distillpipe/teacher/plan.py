@@ -9,16 +9,17 @@ For every ``teacher_cache.datasets`` item, from params.yaml and whatever inputs 
 * **the signal spec** the build would make: the same function (:func:`~distillpipe.teacher.cache.spec_for`) with
   the teacher's sizes from ``models/teacher/<teacher>/config.json`` and M (the most masked positions of a row) from
   the tokens, or bounded by the tokenize params' masking when there are no tokens yet.
-* **bytes**: per row and array, uncompressed, from :func:`~distillpipe.store.schema.array_layout`: the exact size of
-  the data. On disk (Blosc zstd) it is *estimated* as the bytes of the real values only: padding, unused MLM slots
-  and ``-inf`` score blocks compress to almost nothing (an inner chunk of fill values is not even written), while
-  float16 activations barely compress (measured: see :data:`COMPRESSED_TOLERANCE`); the MLM top-k arrays do
+* **bytes**: per row and array as stored, uncompressed, from :func:`~distillpipe.store.schema.stored_layout` (a
+  signal of a compressed precision is its int8/uint8 values and its scales): the exact size of the data. On disk
+  (Blosc lz4) it is *estimated* as the bytes of the real values only: padding, unused MLM slots and ``-inf`` score
+  blocks compress to almost nothing (an inner chunk of fill values is not even written), while float16 (and int8)
+  activations barely compress (measured: see :data:`COMPRESSED_TOLERANCE`); the MLM top-k arrays do
   compress, by a measured factor (:data:`COMPRESSION`).
 * **files**: per shard one data file per array (at most: a shard whose every inner chunk is the fill value writes
   none) and one marker ``shards_done/<i>.json``, plus a ``zarr.json`` for the root, every group and every array.
-* **memory per worker** = 2 x (one shard of every array, uncompressed) + 4 bytes x the teacher's parameters (fp32):
-  a shard is held twice while written (the arrays and their encoded files,
-  :func:`distillpipe.store.writer.write_shard`).
+* **memory per worker** = 2 x (one shard of every array, uncompressed, float16) + 4 bytes x the teacher's parameters
+  (fp32): a shard is held twice while written (the float16 arrays, and their encoded files, with the int8 codes of a
+  compressed precision, at most the float16 bytes again: :func:`distillpipe.store.writer.write_shard`).
 * **time**, from the machine benchmark JSON (``benchmarks/at_scale.py`` writes it): rows/s = the least of
   compute (FLOP/s / :func:`forward_flops` a row), the host side (cores / (CPU s a byte x uncompressed bytes a row))
   and the disk (write bytes/s / estimated bytes on disk a row); once for the measured machine, once projected to the
@@ -44,7 +45,7 @@ from distillpipe.store.schema import SignalSpec
 from distillpipe.store.shards import tree_bytes
 from distillpipe.teacher.bench import Bench, load_bench, throughput
 from distillpipe.teacher.cache import TeacherCacheError, TeacherSizes, spec_for
-from distillpipe.teacher.estimate import ArrayPlan, array_plans, fmt_bytes
+from distillpipe.teacher.estimate import ArrayPlan, array_plans, float16_row_bytes, fmt_bytes
 from distillpipe.teacher.rows import Rows, count_rows
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ class ItemPlan:
         if not self.spec or self.teacher_params is None:
             return None
         shard = min(self.shard_rows, self.rows.n) if self.rows.n is not None else self.shard_rows
-        return 2 * shard * self.row_bytes + WEIGHT_BYTES * self.teacher_params
+        return 2 * shard * float16_row_bytes(self.spec) + WEIGHT_BYTES * self.teacher_params
 
     def to_dict(self) -> dict[str, Any]:
         return {
