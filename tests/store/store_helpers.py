@@ -93,6 +93,17 @@ def shard_arrays(manifest: Manifest, i: int, seed: int = 0) -> dict[str, np.ndar
     return out
 
 
+def build_store(path: Path, manifest: Manifest, seed: int = 0) -> Path:
+    """Write (or finish) the store of ``manifest`` at ``path`` in-process: every pending shard, then finalize."""
+    from distillpipe.store.resume import create_or_resume
+
+    writer = create_or_resume(path, manifest)
+    for i in writer.pending_shards():
+        writer.write_shard(i, shard_arrays(manifest, i, seed))
+    writer.finalize()
+    return path
+
+
 def full_arrays(manifest: Manifest, seed: int = 0) -> dict[str, np.ndarray]:
     """All shards' data concatenated: the reference a store must read back."""
     parts = [shard_arrays(manifest, i, seed) for i in range(manifest.n_shards)]

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import zarr
-from store_helpers import HERE, INT8, full_arrays, shard_arrays, tiny_manifest, tiny_spec, tree_files
+from store_helpers import HERE, INT8, build_store, full_arrays, shard_arrays, tiny_manifest, tiny_spec, tree_files
 
 from distillpipe.store.loader import BlockLoader
 from distillpipe.store.quant import decode, encode
@@ -176,13 +176,7 @@ def int8_manifest(**over):
 
 @pytest.fixture(scope="module")
 def int8_store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("int8") / "q.zarr"
-    manifest = int8_manifest()
-    writer = create_or_resume(path, manifest)
-    for i in writer.pending_shards():
-        writer.write_shard(i, shard_arrays(manifest, i))
-    writer.finalize()
-    return path
+    return build_store(tmp_path_factory.mktemp("int8") / "q.zarr", int8_manifest())
 
 
 def test_layouts_readers_see_float16_and_disk_holds_values_and_scales():
@@ -284,12 +278,8 @@ def test_sigkill_then_resume_is_byte_identical(int8_store, tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert marked_shards(path, 4) == [0, 1] and (path / "hidden/L1.q/c/2/0/0").is_file()
     assert not (path / "hidden/L1.scale/c/2/0").exists()
-    manifest = int8_manifest()
-    writer = create_or_resume(path, manifest)
-    assert writer.pending_shards() == [2, 3]
-    for i in writer.pending_shards():
-        writer.write_shard(i, shard_arrays(manifest, i))
-    writer.finalize()
+    assert create_or_resume(path, int8_manifest()).pending_shards() == [2, 3]
+    build_store(path, int8_manifest())  # resumes: shards 2 and 3
     assert tree_files(path) == tree_files(int8_store)
 
 
