@@ -89,7 +89,16 @@ def shard_arrays(manifest: Manifest, i: int, seed: int = 0) -> dict[str, np.ndar
             masked = pos[None, :] >= lp[:, None]  # (n, Lp)
             out[a.name] = np.where(masked[:, None, :, None] | masked[:, None, None, :], ATTN_MASKED, x)
         else:
-            out[a.name] = (rng.standard_normal(shape) * 3).astype(a.dtype)
+            x = (rng.standard_normal(shape) * 3).astype(a.dtype)
+            # padding holds 0, as the capture writes it: whole chunks of it are left out of the files
+            real = length if a.name in ("embeddings",) or a.name.startswith("attn_probs/") else -(-length // spec.pool)
+            if a.name.startswith(("hidden/", "attn_probs/")) or a.name == "embeddings":
+                pad = np.arange(a.row_shape[-2 if a.name.startswith("attn_probs/") else 0])[None, :] >= real[:, None]
+                if a.name.startswith("attn_probs/"):
+                    x = np.where(pad[:, None, :, None] | pad[:, None, None, :], 0, x).astype(a.dtype)
+                else:
+                    x[pad] = 0
+            out[a.name] = x
     return out
 
 

@@ -6,20 +6,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import zarr
 from store_helpers import INT8, tiny_manifest, tiny_spec
 from zarr.storage import LocalStore, MemoryStore
 
-from distillpipe.store.codec import ShardCodec
-from distillpipe.store.schema import array_layout, stored_layout
+from distillpipe.store.codec import ShardCodec, create_array, morton_order
+from distillpipe.store.schema import ArraySpec, array_layout, stored_layout
 from distillpipe.store.shards import shard_key
-from distillpipe.store.writer import CHUNK_KEY_ENCODING, compressors
 
 
 def _zarr_array(store, spec):
-    return zarr.create_array(store, name=spec.name, shape=spec.shape, chunks=spec.chunks, shards=spec.shards,
-                             dtype=spec.dtype, compressors=compressors(), fill_value=spec.fill_value,
-                             chunk_key_encoding=CHUNK_KEY_ENCODING, dimension_names=spec.dimension_names)
+    return create_array(store, spec)
 
 
 def _every_kind(manifest):
@@ -101,3 +97,68 @@ def test_damage_is_refused(tmp_path):
         path.write_bytes(damaged)
         with pytest.raises(ValueError, match=message):
             codec.decode_rows(path, 0, 128, out)
+
+
+def _raw_spec(row_shape, block, dtype=np.float16, fill=0.0, shard_rows=32, n_rows=70):
+    return ArraySpec(name="hidden/L1", shape=(n_rows, *row_shape), chunks=(1, block, *row_shape[1:]),
+                     shards=(shard_rows, *row_shape), dtype=np.dtype(dtype), fill_value=fill,
+                     dimension_names=("row", "pos", "feature")[:len(row_shape) + 1], codec="raw")
+
+
+@pytest.mark.parametrize("n_rows,first", [(70, 0), (70, 64)])  # a full shard, the partial last one
+def test_padding_blocks_are_left_out_and_the_files_are_zarrs(tmp_path, n_rows, first):
+    """Raw chunks of one row and a block of positions: a row's padding blocks are not stored (its file holds the
+    real blocks only, chunk + crc32c each, plus the index), the bytes are Zarr's, and Zarr reads them back."""
+    spec = _raw_spec((12, 6), block=2, n_rows=n_rows)
+    rng = np.random.default_rng(3)
+    n = min(32, n_rows - first)
+    lengths = rng.integers(0, 13, size=n)
+    rows = rng.standard_normal((n, 12, 6)).astype(np.float16)
+    rows[np.arange(12)[None, :] >= lengths[:, None]] = 0
+    rows[1, :] = -0.0  # -0.0 is not the fill value 0.0 (Zarr compares bits): these chunks are stored
+    scratch = {}
+    array = create_array(MemoryStore(scratch), spec)
+    array[first:first + n] = rows
+    codec = ShardCodec(array.metadata)
+    enc = codec.encode_parts(rows, first, n_rows)
+    key = shard_key(spec, first // 32)
+    assert enc.to_bytes() == scratch[key].to_bytes()
+    bits = rows.view(np.uint16)
+    blocks = [r for r in range(n) for b in range(6) if np.any(bits[r, 2 * b:2 * b + 2] != 0)]
+    assert 6 <= len(blocks) < n * 6 - 6  # some blocks are padding, row 1's are not
+    assert enc.nbytes == len(blocks) * (2 * 6 * 2 + 4) + 16 * 32 * 6 + 4  # frames + the whole shard's index
+    path = tmp_path / "f"
+    path.write_bytes(enc.to_bytes())
+    out = np.empty_like(rows)
+    codec.decode_rows(path, 0, n, out)
+    np.testing.assert_array_equal(out.view(np.uint16), bits)  # bit for bit: -0.0 stays -0.0
+    np.testing.assert_array_equal(array[first:first + n].view(np.uint16), bits)
+    assert codec.file_digest(path) == enc.digest
+
+
+def test_chunks_lie_in_zarrs_morton_order():
+    from zarr.core.indexing import _morton_order  # private: Zarr's own order, where this Zarr has it
+
+    for grid in [(32, 6), (1024, 24), (64, 1), (8, 16), (5, 3)]:
+        want = [int(np.ravel_multi_index(tuple(c), grid)) for c in _morton_order(grid)]
+        assert list(morton_order(grid)) == want, grid
+
+
+def test_raw_reads_go_straight_into_the_rows_and_damage_still_fails(tmp_path):
+    """The vectorized raw read (preadv into the caller's rows) checks every chunk's crc32c: a flipped byte in any
+    frame, data or crc32c, fails its read, naming the chunk."""
+    spec = _raw_spec((12, 6), block=3)
+    rows = np.random.default_rng(4).standard_normal((32, 12, 6)).astype(np.float16)
+    codec = ShardCodec(create_array(MemoryStore({}), spec).metadata)
+    good = codec.encode(rows, 0, 70)
+    path = tmp_path / "f"
+    out = np.empty_like(rows)
+    frame = 3 * 6 * 2 + 4
+    for at in (0, frame - 1, 5 * frame + 7):  # chunk 0's data, chunk 0's crc32c, a later chunk
+        damaged = bytearray(good)
+        damaged[at] ^= 0x10
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError, match=r"inner chunk \d+ fails its crc32c"):
+            codec.decode_rows(path, 0, 32, out)
+        with pytest.raises(ValueError, match=r"inner chunk \d+ fails its crc32c"):
+            codec.file_digest(path)

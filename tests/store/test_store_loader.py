@@ -200,11 +200,11 @@ def test_spawn_workers_give_the_same_batches_and_resume_exactly(reference_store)
     _assert_same(head + _epoch(resumed), full)
 
 
-def test_a_stream_holds_about_one_window(tmp_path):
-    """Memory per stream is about one window of the requested arrays (buffer_blocks x block_rows rows) plus a
-    batch: each array's blocks are joined and permuted one array at a time, and neither a batch nor the rows left
-    for the next batch is a view that keeps its window alive while the next window is read (all of them together
-    peaked at 4.3 windows here). tracemalloc sees numpy's buffers, zarr's decoded chunks included."""
+def test_a_stream_holds_about_two_windows(tmp_path):
+    """Memory per stream is about two windows of the requested arrays (buffer_blocks x block_rows rows: the one
+    served and the next, read meanwhile) plus a batch: a window is decoded once into one array per name, and neither
+    a batch nor the rows left for the next batch is a view that keeps its window alive after it is served (all of
+    them together peaked at 4.3 windows once). tracemalloc sees numpy's buffers in every thread."""
     m = tiny_manifest(n_rows=512, signals=tiny_spec(max_seq_len=64, pool=4, hidden_size=64, n_heads=4))
     writer = create_or_resume(tmp_path / "s.zarr", m)
     for i in writer.pending_shards():
@@ -221,4 +221,4 @@ def test_a_stream_holds_about_one_window(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 2 * window, f"an epoch peaked at {peak / window:.2f} windows of {window / 2**20:.1f} MiB"
+    assert peak < 3 * window, f"an epoch peaked at {peak / window:.2f} windows of {window / 2**20:.1f} MiB"

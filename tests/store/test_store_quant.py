@@ -189,8 +189,9 @@ def test_layouts_readers_see_float16_and_disk_holds_values_and_scales():
     assert stored["mlm/topk_logits.steps"].dtype == np.uint8 and stored["mlm/topk_logits.anchor"].shape == (N, 3)
     assert "hidden/L1" not in stored and stored["attn_probs/L2"].dtype == np.float16  # probabilities stay float16
     float16 = {a.name: a for a in array_layout(spec, N, SHARD_ROWS)}
-    for name, e in spec.encodings().items():  # same rows per chunk: blocks stay aligned
-        assert stored[e.values].chunks[0] == stored[e.scale].chunks[0] == float16[name].chunks[0]
+    for name, e in spec.encodings().items():  # values keep the chunks; every chunk on the 64-row grid: blocks align
+        assert stored[e.values].chunks == float16[name].chunks and stored[e.values].codec == float16[name].codec
+        assert 64 % stored[e.scale].chunks[0] == 0 and stored[e.scale].codec == "lz4+shuffle"
     with pytest.raises(ValueError, match="keeps no such signal"):
         tiny_spec(hidden_layers=(), precision=SignalPrecision(hidden="int8"))
     with pytest.raises(ValueError, match="precision.hidden='int4'"):

@@ -61,7 +61,7 @@ def test_info_figures_and_text(reference_store):
     assert info["compression_ratio"] == pytest.approx(raw / stored)
     assert info["completed_shards"] == 4 and info["n_shards"] == 4
     hidden = next(a for a in info["arrays"] if a["name"] == "hidden/L1")
-    assert hidden["shape"] == [500, 4, 8] and hidden["chunks"] == [64, 4, 8] and hidden["shards"] == [128, 4, 8]
+    assert hidden["shape"] == [500, 4, 8] and hidden["chunks"] == [1, 4, 8] and hidden["shards"] == [128, 4, 8]
     text = format_info(info)
     for needle in ("tiny-bert", "tok-fp-1", "4 shards complete", "hidden/L1", "(500, 4, 8)", "float16", "bytes/row"):
         assert needle in text, needle
@@ -114,13 +114,23 @@ def test_the_damage_message_restores_with_commands_dvc_runs(store_copy, tmp_path
 def test_flipped_bytes_are_refused_on_read_and_by_verify(store_copy):
     target = store_copy / "hidden/L1/c/2/0/0"
     data = bytearray(target.read_bytes())
-    data[100] ^= 0x04  # inside the first inner chunk's compressed bytes
+    data[100] ^= 0x04  # inside the first inner chunk's bytes
     target.write_bytes(bytes(data))
     store = open_store(store_copy)  # same size: the cheap check passes
     store.read(["hidden/L1"], 0, 256)  # other shards read fine
     with pytest.raises(StoreDamaged, match=r"shard 2: hidden/L1/c/2/0/0: unreadable"):
         store.read(["hidden/L1"], 256, 300)
-    with pytest.raises(StoreDamaged, match=r"shard 2: hidden/L1/c/2/0/0: sha256 .* differs from marker"):
+    with pytest.raises(StoreDamaged, match=r"shard 2: hidden/L1/c/2/0/0: inner chunk \d+ fails its crc32c"):
+        open_store(store_copy, verify=True)
+
+
+def test_a_whole_file_from_elsewhere_is_refused_by_its_digest(store_copy):
+    """A shard file replaced by another well-formed one (every crc32c holds: another build's, or another shard's)
+    is still refused: the marker's digest of its chunks' crc32c values and index differs."""
+    target, other = store_copy / "hidden/L1/c/1/0/0", store_copy / "hidden/L3/c/1/0/0"
+    assert target.stat().st_size == other.stat().st_size  # raw chunks of the same rows: the same frames
+    target.write_bytes(other.read_bytes())  # layer 3's hidden states: same size, valid, wrong
+    with pytest.raises(StoreDamaged, match=r"shard 1: hidden/L1/c/1/0/0: digest [0-9a-f]{8} differs from marker"):
         open_store(store_copy, verify=True)
 
 
@@ -131,6 +141,6 @@ def test_content_digest_follows_the_markers(reference_store, store_copy):
     assert open_store(reference_store).content_sha256() == open_store(store_copy).content_sha256()
     rec = json.loads(marker.read_text())
     key = next(iter(rec["files"]))
-    rec["files"][key]["sha256"] = "0" * 64
+    rec["files"][key]["crc32c"] = "0" * 8
     marker.write_text(json.dumps(rec))
     assert open_store(reference_store).content_sha256() != open_store(store_copy, check_files=False).content_sha256()

@@ -36,7 +36,13 @@ def test_layout_shapes_and_dtypes_of_every_signal():
         a = layout[name]
         assert a.shape == shape and a.dtype == np.dtype(dtype), name
         assert a.shards == (32, *shape[1:]), name  # sharded along rows only
-        assert a.chunks[1:] == shape[1:] and 32 % a.chunks[0] == 0, name
+        if a.codec == "lz4+shuffle":  # small arrays: whole rows, 8-64 a chunk
+            assert a.chunks[1:] == shape[1:] and 32 % a.chunks[0] == 0, name
+        else:  # one row, and a block of positions (raw: padding chunks are left out) or all of it (lz4)
+            assert a.chunks[0] == 1 and a.chunks[2:] == shape[2:] and shape[1] % a.chunks[1] == 0, name
+    assert {n: a.codec for n, a in layout.items() if a.codec != "lz4+shuffle"} == {
+        "hidden/L1": "raw", "hidden/L3": "raw", "attn_scores/L2": "lz4", "attn_probs/L2": "lz4", "embeddings": "raw"}
+    assert layout["attn_scores/L2"].chunks == (1, 2, 5, 5) and layout["embeddings"].chunks == (1, 18, 4)
     assert np.isneginf(layout["attn_scores/L2"].fill_value) and np.isneginf(ATTN_MASKED)
     assert layout["mlm/positions"].fill_value == -1
 
@@ -52,17 +58,25 @@ def test_qa_no_mlm_and_large_vocab():
     assert big["mlm/topk_ids"].dtype == np.int32
 
 
-def test_chunk_rows_follow_row_bytes():
-    # BERT-Large-like: attention probs 16 x 384 x 384 fp16 = 4.7 MB/row -> the 8-row minimum;
-    # hidden 96 x 1024 fp16 = 196 KB/row -> 16 rows (3 MB <= 4 MiB); logits -> 64 rows.
+def test_chunks_follow_row_bytes():
+    # BERT-Large-like: hidden 96 x 1024 fp16 -> one row, blocks of 4 positions (8 KiB); embeddings 384 x 1024 the
+    # same; attention maps one row; logits (small) -> 64 rows, and the MLM's topk of a large M fewer.
     spec = tiny_spec(max_seq_len=384, pool=4, hidden_size=1024, n_heads=16, hidden_layers=(12,), attn_layers=(12,),
-                     attn_probs_layers=(12,))  # fmt: skip
+                     attn_probs_layers=(12,), embedding_size=1024, mlm_topk=64, mlm_max_masked=300)  # fmt: skip
     layout = {a.name: a for a in array_layout(spec, 5000, 1024)}
-    assert layout["attn_probs/L12"].chunk_rows == MIN_CHUNK_ROWS
-    assert layout["hidden/L12"].chunk_rows == 16
+    assert layout["attn_probs/L12"].chunks == (1, 16, 384, 384) and layout["attn_scores/L12"].chunks == (1, 16, 96, 96)
+    assert layout["hidden/L12"].chunks == (1, 4, 1024) and layout["embeddings"].chunks == (1, 4, 1024)
     assert layout["logits"].chunk_rows == MAX_CHUNK_ROWS
+    assert layout["mlm/topk_ids"].chunk_rows == 64  # 300 x 64 x 2 B = 38 KB a row: 64 rows is 2.4 MB
+    assert array_layout(spec, 5000, 1024)[0].chunk_rows == MAX_CHUNK_ROWS
+    big = {a.name: a for a in array_layout(tiny_spec(max_seq_len=384, mlm_topk=512, mlm_max_masked=300,
+                                                          vocab_size=70_000), 50, 32)}
+    assert big["mlm/topk_ids"].chunk_rows == MIN_CHUNK_ROWS  # 300 x 512 x 4 B = 614 KB a row: the 8-row minimum
     for a in layout.values():
-        assert a.chunk_rows * a.row_nbytes <= TARGET_CHUNK_BYTES or a.chunk_rows == MIN_CHUNK_ROWS
+        if a.codec == "lz4+shuffle":
+            assert a.chunk_rows * a.row_nbytes <= TARGET_CHUNK_BYTES or a.chunk_rows == MIN_CHUNK_ROWS
+        else:
+            assert a.chunk_rows == 1
     # shard_rows not a multiple of 64: chunks still divide the shard
     assert all(100 % a.chunk_rows == 0 for a in array_layout(spec, 5000, 100))
 

@@ -288,3 +288,29 @@ def test_cli_table_json_and_errors(repo, tmp_path, monkeypatch):
     bench.write_text(json.dumps(broken))
     res = runner.invoke(app, ["plan", "--params", str(repo["params"]), "--bench", str(bench)])
     assert res.exit_code == 2 and "forward.flops_per_s" in res.output
+
+
+def test_plan_says_when_the_live_teacher_beats_reading_the_cache(repo, tmp_path, monkeypatch):
+    """On the GPU box a student reads a cache at min(disk read / bytes a row, cores left / loader CPU a row); the
+    live teacher makes gpu FLOP/s / FLOPs a row. Where live wins, one line says so with both rates."""
+    monkeypatch.chdir(repo["root"])
+    bench = tmp_path / "at_scale.json"
+    for read, slow in ((1e15, False), (2e3, True)):
+        bench.write_text(json.dumps({**BENCH, "disk": {**BENCH["disk"], "read_bytes_per_s": read},
+                                     "loader": {"cpu_s_per_byte": 1e-12}}))
+        res = runner.invoke(app, ["plan", "--params", str(repo["params"]), "--bench", str(bench), "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        for item in out["items"]:
+            if item["flops_per_row"] is None:
+                continue
+            cached = min(read / item["est_row_bytes"], 14 / (1e-12 * item["est_row_bytes"]))
+            live = BENCH["gpu"]["flops_per_s"] / item["flops_per_row"]
+            assert item["reading"]["cached_rows_per_s"] == pytest.approx(cached)
+            assert item["reading"]["live_rows_per_s"] == pytest.approx(live)
+            said = [w for w in out["warnings"] if w.startswith(f"{item['name']}: on the GPU box the live teacher")]
+            assert len(said) == (live > cached) == slow, (item["name"], said)
+            if said:
+                assert f"({live:,.0f} rows/s)" in said[0] and f"({cached:,.0f} rows/s, disk-bound)" in said[0]
+    res = runner.invoke(app, ["plan", "--params", str(repo["params"]), "--bench", str(bench)])
+    assert "WARNING: toy_mlm: on the GPU box the live teacher" in res.output

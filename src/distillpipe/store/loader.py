@@ -38,8 +38,8 @@ finished without reading them, re-reads and re-permutes the current one and skip
 so a resumed run continues with exactly the batch an uninterrupted run would have produced next
 (resuming needs the same seed, sizes and streams; this is checked).
 
-Memory per process: one window (``buffer_blocks * block_rows`` rows of the requested arrays) per stream
-it reads, plus one batch.
+Memory per process: two windows (``buffer_blocks * block_rows`` rows of the requested arrays: the one served and
+the next, read meanwhile) per stream it reads, plus one batch.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -223,31 +224,41 @@ class BlockDataset(torch.utils.data.IterableDataset):
             yield subs if self.parts == 1 else [{k: v[lo:lo + n] for k, v in sub.items()} for sub in subs]
 
     def _sub_batches(self, windows: list[tuple[int, list]], skip: int) -> Iterator[Rows]:
-        """One stream's sub-batches from the ``skip``-th on: windows already consumed are passed unread."""
+        """One stream's sub-batches from the ``skip``-th on: windows already consumed are passed unread, and the next
+        window is read (in a background thread: file reads and chunk checks release the GIL) while the current one is
+        served, so the student does not wait for the disk between windows."""
         store = self.store()
         names = tuple(dict.fromkeys(("row_index", *self.names)))
         size = self.sub_batch
-        skip_rows = skip * size
-        pending: list[tuple[Rows, np.ndarray]] = []  # (a window's rows, the positions in it still to yield)
-        n_pending = 0
+        todo, skip_rows = [], skip * size
         for w, blocks in windows:
             n_rows = sum(b - a for a, b in blocks)
             if skip_rows >= n_rows:
                 skip_rows -= n_rows
                 continue
-            data = store.read_blocks(names, blocks)  # the window, read once into one array per name
-            order = np.random.default_rng([self.seed, self.epoch, w]).permutation(n_rows)[skip_rows:]
+            todo.append((w, blocks, n_rows, skip_rows))
             skip_rows = 0
-            pending.append((data, order))  # rows are gathered batch by batch: no permuted copy of the window
-            n_pending += len(order)
-            while n_pending >= size:
-                batch, pending, n_pending = _take(pending, size)
-                yield batch
-            # the few rows left (fewer than a batch) are copied out, so the window is freed before the next is read
-            pending = [({k: v[idx] for k, v in rows.items()}, np.arange(len(idx))) for rows, idx in pending]
-            del data
-        if n_pending:  # the short last sub-batch (used only when there is one stream)
-            yield _take(pending, n_pending)[0]
+        pending: list[tuple[Rows, np.ndarray]] = []  # (a window's rows, the positions in it still to yield)
+        n_pending = 0
+        prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-prefetch")
+        try:
+            ahead = prefetch.submit(store.read_blocks, names, todo[0][1]) if todo else None
+            for k, (w, _, n_rows, skip_rows) in enumerate(todo):
+                data = ahead.result()  # the window, read once into one array per name
+                ahead = prefetch.submit(store.read_blocks, names, todo[k + 1][1]) if k + 1 < len(todo) else None
+                order = np.random.default_rng([self.seed, self.epoch, w]).permutation(n_rows)[skip_rows:]
+                pending.append((data, order))  # rows are gathered batch by batch: no permuted copy of the window
+                n_pending += len(order)
+                while n_pending >= size:
+                    batch, pending, n_pending = _take(pending, size)
+                    yield batch
+                # the few rows left (fewer than a batch) are copied out, so the window is freed before the next
+                pending = [({k: v[idx] for k, v in rows.items()}, np.arange(len(idx))) for rows, idx in pending]
+                del data
+            if n_pending:  # the short last sub-batch (used only when there is one stream)
+                yield _take(pending, n_pending)[0]
+        finally:
+            prefetch.shutdown(wait=True, cancel_futures=True)
 
 
 def _take(pending: list[tuple[Rows, np.ndarray]], n: int) -> tuple[Rows, list[tuple[Rows, np.ndarray]], int]:

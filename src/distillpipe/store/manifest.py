@@ -45,10 +45,15 @@ from distillpipe.store.schema import SignalSpec
 
 MANIFEST_KEY = "manifest"
 """Key of the manifest in the root group's attributes."""
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """2: crc32c per inner chunk (a damaged chunk fails its read), code and compute in the identity; 3: Blosc lz4
 instead of zstd (nearly the bytes of padding zstd saved, 5-10x less CPU to write and to read); 4: a per-signal
-``precision`` in the signals (compressed stored forms, the manifest's ``encoding``)."""
+``precision`` in the signals (compressed stored forms, the manifest's ``encoding``); 5: a codec chain per array
+(per-position arrays raw in chunks of one row and a block of positions, attention maps lz4 without shuffle per
+(row, head)) and markers that record a crc32c digest instead of a sha256."""
+FORMAT_CHANGE = ("format 5 stores hidden states and embeddings raw, attention maps with a faster lz4, and checks "
+                 "shards by crc32c: several times less CPU to write and read")
+"""Why a store of the previous format is rebuilt: said when one is met."""
 NOT_COMPARED = ("completed_shards", "code_version")
 """Top-level manifest fields left out of identity comparisons (progress and provenance)."""
 _MISSING = object()
@@ -164,7 +169,7 @@ class Manifest:
                  "code_version", "n_rows", "shard_rows", "completed_shards"}  # fmt: skip
         if d.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"manifest of format version {d.get('format_version')}; this distillpipe reads version "
-                             f"{FORMAT_VERSION} (a store written by another version: rebuild it)")
+                             f"{FORMAT_VERSION} ({FORMAT_CHANGE}): a store written by another version is rebuilt")
         unknown, missing = sorted(set(d) - names - {"row_subset", "encoding"}), sorted(names - set(d))
         if unknown or missing:
             raise ValueError(f"manifest: unknown keys {unknown}, missing keys {missing}")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from distillpipe.store.codec import create_array
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, diff_manifests
 from distillpipe.store.schema import stored_layout
@@ -22,7 +23,7 @@ from distillpipe.store.shards import (
     remove_shard,
     verify_shards,
 )
-from distillpipe.store.writer import CHUNK_KEY_ENCODING, StoreWriter, compressors
+from distillpipe.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +81,7 @@ def _create(root: Path, manifest: Manifest) -> None:
     root.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(root), mode="w")
     for spec in stored_layout(manifest.signals, manifest.n_rows, manifest.shard_rows):
-        group.create_array(
-            spec.name,
-            shape=spec.shape,
-            chunks=spec.chunks,
-            shards=spec.shards,
-            dtype=spec.dtype,
-            compressors=compressors(),
-            fill_value=spec.fill_value,
-            chunk_key_encoding=CHUNK_KEY_ENCODING,
-            dimension_names=spec.dimension_names,
-        )
+        create_array(group, spec)
     group.attrs[MANIFEST_KEY] = manifest.to_dict()
 
 

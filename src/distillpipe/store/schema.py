@@ -13,14 +13,27 @@ fill value).
 Array names are spelled here only (:data:`LOGITS`, :func:`hidden_array`, ...): the capture's outputs,
 the layout, the objective's reads and the collation's crops all use these.
 
-Layout rules (format version 3; codecs: Blosc lz4 with byte shuffle, then a crc32c per inner chunk):
+Layout rules (format version 5). Each array has one of three codec chains (:data:`CODECS`), chosen per array
+group from a measurement (``benchmarks/store_codecs.py``: ratio on real values and on padding, encode and decode
+GB/s a core), each ending with a crc32c per inner chunk:
 
 * Every array is sharded along rows only: one Zarr shard = ``shard_rows`` rows = one work shard,
-  i.e. one file per array per shard. Non-row axes are never split.
-* Inner chunks hold 8-64 rows (a power of two dividing ``shard_rows``), the largest that stays
-  under :data:`TARGET_CHUNK_BYTES` uncompressed. Small per-row arrays therefore get 64-row chunks
-  and big ones (attention maps) 8-row chunks. Capping at 64 rows keeps every chunk boundary on a
-  64-row grid, so a loader block of any multiple of 64 rows is aligned for every array.
+  i.e. one file per array per shard. Inner chunks never split the row's last axes beyond axis 1.
+* ``raw`` (``bytes`` -> ``crc32c``) for per-position arrays (``hidden/L{j}``, ``embeddings`` and their int8 codes):
+  dense float16 or int8 values do not compress (lz4 1.00x on real positions), so a compressor only cost CPU; the
+  padding is kept free instead by inner chunks of one row and :func:`position_block` positions: a chunk that is all
+  padding (the fill value) is not stored (Zarr's ``write_empty_chunks=False``). A row stores its real positions
+  rounded up to a block (~8 KiB).
+* ``lz4`` (Blosc lz4, clevel 1, no shuffle) for the attention maps (``attn_scores/L{j}``, ``attn_probs/L{j}`` and
+  int8 codes), one chunk a row: their padding is quadratic (padded queries AND padded keys), which no block of
+  positions leaves out exactly (blocks of 8 x 8 keep ~10% more bytes, and cutting them out costs a strided copy);
+  lz4 without shuffle at clevel 1 removes it at ~2 GB/s a core (2-3x the shuffled clevel 5 it replaces, same
+  ratio), and passes the real values at 1.0x.
+* ``lz4+shuffle`` (Blosc lz4, clevel 5, byte shuffle) for the small per-row arrays (row index, lengths, task logits,
+  the MLM top-k, scales): ids and sorted logits do compress (0.66), and they are KBs a row. Inner chunks hold 8-64
+  rows (a power of two dividing ``shard_rows``), the largest that stays under :data:`TARGET_CHUNK_BYTES`
+  uncompressed. Capping at 64 rows keeps every chunk boundary on a 64-row grid, so a loader block of any multiple of
+  64 rows is aligned for every array.
 * Sequence axes are padded to ``L = max_seq_len`` (pooled: ``ceil(L / pool)``); ``length`` (N,)
   int32 holds the real token count so readers can crop or mask.
 * ``attn_scores/L{j}`` marks masked (padding) query/key positions with :data:`ATTN_MASKED`
@@ -61,6 +74,12 @@ MLM_UNUSED_POSITION = -1
 TARGET_CHUNK_BYTES = 4 * 2**20
 MIN_CHUNK_ROWS = 8
 MAX_CHUNK_ROWS = 64
+RAW_BLOCK_BYTES = 8 * 2**10
+"""A ``raw`` array's inner chunk holds at least this many bytes of positions (when the row has them): smaller blocks
+leave less padding in a row's last block but cost a crc32c call and an index entry each (16 + 4 bytes)."""
+RAW, LZ4, LZ4_SHUFFLE = "raw", "lz4", "lz4+shuffle"
+CODECS = {RAW: None, LZ4: ("lz4", 1, "noshuffle"), LZ4_SHUFFLE: ("lz4", 5, "shuffle")}
+"""Each codec chain's Blosc settings (cname, clevel, shuffle) between ``bytes`` and ``crc32c``; None: no compressor."""
 
 # --- array names: the one place that spells them
 ROW_INDEX = "row_index"
@@ -303,6 +322,8 @@ class ArraySpec:
     dtype: np.dtype
     fill_value: Any
     dimension_names: tuple[str, ...]
+    codec: str = LZ4_SHUFFLE
+    """The codec chain (:data:`CODECS`)."""
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -332,6 +353,40 @@ def chunk_rows_for(row_nbytes: int, shard_rows: int) -> int:
     while shard_rows % rows:
         rows //= 2
     return rows
+
+
+def position_block(n_positions: int, position_nbytes: int) -> int:
+    """Positions per inner chunk of a ``raw`` array: the smallest divisor of ``n_positions`` (Zarr's shard shape must be
+    a multiple of its inner chunks) whose block holds at least :data:`RAW_BLOCK_BYTES`, else all of them."""
+    for b in range(1, n_positions + 1):
+        if n_positions % b == 0 and b * position_nbytes >= RAW_BLOCK_BYTES:
+            return b
+    return n_positions
+
+
+def codec_of(name: str) -> str:
+    """The codec chain of array ``name`` (of either layout; see the module docstring)."""
+    base = name.rsplit(".", 1)
+    if len(base) == 2 and base[1] in ("scale", "anchor"):
+        return LZ4_SHUFFLE
+    group = array_group(base[0])
+    if group in (HIDDEN, EMBEDDINGS):
+        return RAW
+    if group in (ATTN_SCORES, ATTN_PROBS):
+        return LZ4
+    return LZ4_SHUFFLE
+
+
+def inner_chunks(name: str, row_shape: tuple[int, ...], itemsize: int, shard_rows: int) -> tuple[int, ...]:
+    """The inner chunk shape of array ``name``: one row and a block of positions (``raw``), one row (``lz4``), or 8-64
+    whole rows (``lz4+shuffle``)."""
+    codec = codec_of(name)
+    if codec == RAW:
+        block = position_block(row_shape[0], math.prod(row_shape[1:]) * itemsize)
+        return (1, block, *row_shape[1:])
+    if codec == LZ4:
+        return (1, *row_shape)
+    return (chunk_rows_for(math.prod(row_shape) * itemsize, shard_rows), *row_shape)
 
 
 def _row_arrays(spec: SignalSpec) -> list[tuple[str, tuple[int, ...], np.dtype, Any, tuple[str, ...]]]:
@@ -388,28 +443,18 @@ def array_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySp
     :func:`stored_layout`)."""
     if n_rows < 0 or shard_rows < 1:
         raise ValueError(f"need n_rows >= 0 and shard_rows >= 1, got n_rows={n_rows}, shard_rows={shard_rows}")
-    layout = []
-    for name, row_shape, dtype, fill, dims in _row_arrays(spec):
-        row_nbytes = math.prod(row_shape) * dtype.itemsize
-        rows = chunk_rows_for(row_nbytes, shard_rows)
-        layout.append(
-            ArraySpec(
-                name=name,
-                shape=(n_rows, *row_shape),
-                chunks=(rows, *row_shape),
-                shards=(shard_rows, *row_shape),
-                dtype=dtype,
-                fill_value=fill,
-                dimension_names=("row", *dims),
-            )
-        )
-    return layout
+    return [ArraySpec(name=name, shape=(n_rows, *row_shape),
+                      chunks=inner_chunks(name, row_shape, dtype.itemsize, shard_rows),
+                      shards=(shard_rows, *row_shape), dtype=dtype, fill_value=fill, dimension_names=("row", *dims),
+                      codec=codec_of(name))
+            for name, row_shape, dtype, fill, dims in _row_arrays(spec)]
 
 
 def stored_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArraySpec]:
     """The Zarr arrays on disk, in a fixed order (also the order in which a shard's files are written): those of
     :func:`array_layout`, each compressed one (:meth:`SignalSpec.encodings`) replaced by its values and scales. Both
-    keep the array's rows per inner chunk, so a block aligned for the float16 layout is aligned for the stored one."""
+    keep rows per inner chunk on the 64-row grid, so a block aligned for the float16 layout is aligned for the stored
+    one. Values keep the array's chunks and codec; scales are small per-row arrays (``lz4+shuffle``)."""
     encodings = spec.encodings()
     out = []
     for a in array_layout(spec, n_rows, shard_rows):
@@ -421,7 +466,9 @@ def stored_layout(spec: SignalSpec, n_rows: int, shard_rows: int) -> list[ArrayS
         values = np.dtype(np.uint8) if e.kind == UINT8_STEPS else np.dtype(np.int8)
         scale = np.dtype(np.float32) if e.kind == UINT8_STEPS else np.dtype(np.float16)
         out.append(ArraySpec(name=e.values, shape=a.shape, chunks=a.chunks, shards=a.shards, dtype=values,
-                             fill_value=fill, dimension_names=a.dimension_names))
-        out.append(ArraySpec(name=e.scale, shape=a.shape[:-1], chunks=a.chunks[:-1], shards=a.shards[:-1],
-                             dtype=scale, fill_value=0.0, dimension_names=a.dimension_names[:-1]))
+                             fill_value=fill, dimension_names=a.dimension_names, codec=a.codec))
+        out.append(ArraySpec(name=e.scale, shape=a.shape[:-1],
+                             chunks=inner_chunks(e.scale, a.shape[1:-1], scale.itemsize, shard_rows),
+                             shards=a.shards[:-1], dtype=scale, fill_value=0.0,
+                             dimension_names=a.dimension_names[:-1], codec=codec_of(e.scale)))
     return out

@@ -19,8 +19,8 @@ One writer per store: :func:`~distillpipe.store.resume.create_or_resume` takes t
 holds it until :meth:`~StoreWriter.finalize` or :meth:`~StoreWriter.close` (or until the process ends): a second
 driver on the same store is refused with the owner named.
 
-Every inner chunk ends with its crc32c (``Crc32cCodec`` after Blosc), so a chunk whose bytes changed on
-disk fails when it is read instead of decoding into wrong numbers.
+Every inner chunk ends with its crc32c (Zarr's ``crc32c`` codec, after Blosc or on the raw bytes), so a chunk whose
+bytes changed on disk fails when it is read instead of decoding into wrong numbers.
 
 A shard is written whole from memory (all its rows of all arrays are passed at once) and Zarr
 encodes each shard file in one piece, so the bytes of a shard depend only on its data: a run that
@@ -29,23 +29,23 @@ was killed and resumed produces the same files as one that never stopped.
 
 from __future__ import annotations
 
-import functools
-import hashlib
+import errno
 import logging
+import mmap
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, Crc32cCodec
-from zarr.storage import MemoryStore
 
-from distillpipe.store.codec import ShardCodec, codec_pool
+from distillpipe.store.codec import CHUNK_KEY_ENCODING, Encoded, codec_pool, layout_codec
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete
 from distillpipe.store.quant import encode
@@ -65,13 +65,7 @@ log = logging.getLogger(__name__)
 SAVE_EVERY_S = 10.0
 """How often a build rewrites its manifest's ``completed_shards`` (markers are the record in between)."""
 
-CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
-# lz4, not zstd: dense float16 activations barely compress with either (zstd 1.09x, lz4 1.01x on MiniLM hidden
-# states, embeddings and scores of full rows); what compresses is padding (runs of fill values), which lz4 takes
-# nearly as well (zstd 2.3x / 3.5x vs lz4 2.2x / 3.0x on padded hidden states / scores). zstd cost 5-10x the CPU to
-# encode and ~10x to decode (~0.1-0.5 vs 1-5 GB/s a core): the ceiling of a WaLDORf-size build on a 16-core GPU
-# box and of a student's loader (benchmarks/at_scale.py; docs/at-scale.md).
-BLOSC_CNAME, BLOSC_CLEVEL, BLOSC_SHUFFLE = "lz4", 5, "shuffle"
+__all__ = ["CHUNK_KEY_ENCODING", "StoreSummary", "StoreWriter", "store_manifest", "write_shard"]
 
 
 @dataclass(frozen=True)
@@ -277,53 +271,155 @@ def _encoded(signals: SignalSpec, data: dict[str, np.ndarray]) -> dict[str, np.n
     return out
 
 
-def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, stop: int, key: str) -> bytes | None:
+def _encode_shard(metadata: Any, spec: ArraySpec, rows: np.ndarray, start: int, stop: int, key: str) -> Encoded | None:
     """The bytes Zarr stores for one shard of one array (None: every inner chunk is the fill value, so
     Zarr writes no file), encoded by :class:`~distillpipe.store.codec.ShardCodec` (Zarr's bytes, without
     Zarr's per-shard cost), after checking that the store's metadata are this code's layout."""
-    expected, codec = _layout_codec(spec)
+    expected, codec = layout_codec(spec)
     if expected != metadata.to_dict():  # never encode with codecs the store was not made with
         raise RuntimeError(f"{spec.name}: the store's array metadata differ from this code's layout")
-    return codec.encode(rows, start, spec.shape[0], codec_pool())
+    return codec.encode_parts(rows, start, spec.shape[0], None if codec.blosc is None else codec_pool())
 
 
-@functools.lru_cache(maxsize=512)
-def _layout_codec(spec: ArraySpec) -> tuple[dict, ShardCodec]:
-    """The Zarr metadata this code gives ``spec`` and its codec, once per process (Zarr builds them in ms: per array
-    per shard, that was the writer's largest cost for small rows)."""
-    array = zarr.create_array(MemoryStore({}), name=spec.name, shape=spec.shape, chunks=spec.chunks,
-                              shards=spec.shards, dtype=spec.dtype, compressors=compressors(),
-                              fill_value=spec.fill_value, chunk_key_encoding=CHUNK_KEY_ENCODING,
-                              dimension_names=spec.dimension_names)  # metadata only: nothing is written
-    return array.metadata.to_dict(), ShardCodec(array.metadata)
-
-
-def _publish(path: Path, data: bytes | None) -> dict[str, Any] | None:
+def _publish(path: Path, data: Encoded | None) -> dict[str, Any] | None:
     """Put ``data`` at ``path`` atomically (temp file + ``os.replace``), or remove ``path`` for None;
-    return the file's marker record ({size, sha256} or None)."""
+    return the file's marker record ({size, crc32c: the file digest} or None).
+
+    Written with ``O_DIRECT`` where the filesystem takes it (:func:`_write_direct`): the bytes go from one reused,
+    aligned buffer to the device, so the kernel neither copies them into the page cache nor writes them back later
+    (on this project's VMs, filling fresh page cache cost ~4 CPU-ms a MB, 10x the write itself: docs/at-scale.md), and
+    a build of hundreds of GB does not push everything else out of memory. Elsewhere (tmpfs, some FUSE mounts,
+    macOS) with ``os.writev`` straight from the pieces."""
     if data is None:
         path.unlink(missing_ok=True)
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     try:
-        with tmp.open("wb") as f:
-            f.write(data)
+        if not _write_direct(tmp, data):
+            _write_buffered(tmp, data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"size": data.nbytes, "crc32c": data.digest}
+
+
+_ALIGN = 4096
+"""O_DIRECT's alignment of buffer addresses, file offsets and lengths (the largest logical block size in use)."""
+_SEGMENT = 8 * 2**20
+"""Bytes per O_DIRECT write: the reused buffer of each writer thread."""
+_DIRECT = threading.local()
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def _write_direct(path: Path, data: Encoded) -> bool:
+    """Write ``data`` to the new file ``path`` with O_DIRECT, in aligned segments copied into this thread's buffers;
+    the last segment is padded to the alignment and the file cut back to its size. False (nothing written) where the
+    filesystem refuses O_DIRECT: the caller writes it buffered. Through ``open`` (a file object), as every writer of
+    the project: a full disk raises the same ``OSError`` (ENOSPC) wherever it is met."""
+    if not _O_DIRECT or getattr(_DIRECT, "refused", False):
+        return False
+    try:
+        f = open(path, "wb", buffering=0, opener=_direct_opener)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        _DIRECT.refused = True  # this filesystem (and, for this thread, any other: rare) has no O_DIRECT
+        return False
+    with f:
+        if getattr(_DIRECT, "bufs", None) is None:
+            # page-aligned and reused (their pages stay warm); two, so that one is filled while the other is written;
+            # each twice a segment, as a group of frames may overflow one
+            _DIRECT.bufs = [memoryview(mmap.mmap(-1, 2 * _SEGMENT)) for _ in range(2)]
+            _DIRECT.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-direct-io")
+        try:
+            _Segments(f, _DIRECT.bufs, _DIRECT.io).write(data)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            _DIRECT.refused = True  # an alignment this device does not take: buffered from now on
+            return False
+        os.ftruncate(f.fileno(), data.nbytes)
+    return True
+
+
+def _direct_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | _O_DIRECT, 0o644)
+
+
+class _Segments:
+    """Fills an aligned buffer with a file's bytes and writes it out ``_SEGMENT`` bytes at a time, on ``io``'s thread
+    while the next segment is filled in the other buffer (so one writer keeps its core and the disk busy at once); the
+    last piece is padded to the alignment (the caller cuts the file back). Raw frames are copied in groups with numpy,
+    chunks and crc32c values side by side in one step per group: no Python per chunk."""
+
+    def __init__(self, f: Any, bufs: list[memoryview], io: ThreadPoolExecutor):
+        self.f, self.bufs, self.io = f, bufs, io
+        self.cur, self.at = 0, 0
+        self.pending: list[Future | None] = [None, None]
+        self.view, self.array = bufs[0], np.frombuffer(bufs[0], dtype=np.uint8)
+
+    def write(self, data: Encoded) -> None:
+        try:
+            if data.raw:
+                cb = data.chunks.shape[1]
+                step = cb + 4
+                per = max(1, _SEGMENT // step)
+                for k in range(0, len(data.order), per):
+                    which = data.order[k:k + per]
+                    frames = self.array[self.at:self.at + len(which) * step].reshape(len(which), step)
+                    frames[:, :cb] = data.chunks[which]
+                    frames[:, cb:] = data.crcs[k:k + per]
+                    self.at += len(which) * step
+                    self._flush()
+            else:
+                for blob, crc in zip(data.chunks, data.crcs):
+                    self._put(memoryview(blob).cast("B"))
+                    self._put(memoryview(crc))
+            self._put(memoryview(data.tail))
+        finally:
+            for f in self.pending:  # every write done (or failed) before the buffers are reused or the fd closed
+                if f is not None:
+                    f.result()
+        if self.at:
+            _write_all(self.f, self.view[:-(-self.at // _ALIGN) * _ALIGN])
+
+    def _put(self, piece: memoryview) -> None:
+        while len(piece):
+            n = min(len(piece), _SEGMENT - self.at)
+            self.view[self.at:self.at + n] = piece[:n]
+            piece, self.at = piece[n:], self.at + n
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.at < _SEGMENT:
+            return
+        other = 1 - self.cur
+        if self.pending[other] is not None:
+            self.pending[other].result()  # its previous segment is on disk: the buffer is free
+        rest = self.at - _SEGMENT
+        nxt = np.frombuffer(self.bufs[other], dtype=np.uint8)
+        nxt[:rest] = self.array[_SEGMENT:self.at]
+        self.pending[self.cur] = self.io.submit(_write_all, self.f, self.view[:_SEGMENT])  # one thread: in order
+        self.cur, self.view, self.array, self.at = other, self.bufs[other], nxt, rest
+
+
+def _write_all(f: Any, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        done += f.write(view[done:])
+
+
+def _write_buffered(path: Path, data: Encoded) -> None:
+    with open(path, "wb") as f:
+        for piece in data.pieces():
+            f.write(piece)
 
 
 def store_manifest(store_path: str | Path) -> Manifest:
     """The manifest of the store at ``store_path`` as it is now, unchecked: for shard writers in other
     processes while the driver holds the lock (readers use :func:`distillpipe.store.reader.open_store`)."""
     return Manifest.from_dict(zarr.open_group(str(store_path), mode="r").attrs[MANIFEST_KEY])
-
-
-def compressors() -> tuple[Any, ...]:
-    """Blosc lz4, then a crc32c of the compressed bytes (checked whenever the chunk is read)."""
-    return (BloscCodec(cname=BLOSC_CNAME, clevel=BLOSC_CLEVEL, shuffle=BLOSC_SHUFFLE), Crc32cCodec())
 
 
 def _checked_arrays(
@@ -350,17 +446,26 @@ def _checked_arrays(
     return out
 
 
-_F16_EXPONENT, _F16_NEG_INF = np.uint16(0x7C00), np.uint16(0xFC00)
+_F16_POS_INF, _F16_NEG_INF = 0x7C00, 0xFC00
 
 
 def _refuse_nonfinite(a: np.ndarray, name: str, *, allow_neg_inf: bool, i: int) -> None:
     """Refuse nan and inf (``attn_scores``: nan and +inf; -inf marks masked blocks): float16 overflow or a broken
     teacher must not reach the store. Checked here, in the writer's thread, so it costs the capture nothing.
-    float16 is checked on its bits (exponent all ones: inf or nan), ~2x faster than ``np.isfinite``."""
+
+    float16 is checked with two reductions over its bits, no temporary array (~10 GB/s a core, and numpy releases
+    the GIL): as int16, +inf is 0x7C00 and positive nans above it, while finite values and every negative lie below
+    it; as uint16, -inf is 0xFC00, negative nans above it, and all else below."""
     if a.dtype == np.float16:
+        if not a.size:
+            return
+        pos_bad = int(a.view(np.int16).max()) >= _F16_POS_INF
+        neg_bad = int(a.view(np.uint16).max()) >= _F16_NEG_INF + allow_neg_inf
+        if not (pos_bad or neg_bad):
+            return
         bits = a.view(np.uint16)
-        bad = (bits & _F16_EXPONENT) == _F16_EXPONENT
-        if allow_neg_inf and bad.any():
+        bad = (bits & _F16_POS_INF) == _F16_POS_INF
+        if allow_neg_inf:
             bad &= bits != _F16_NEG_INF
     else:
         bad = ~np.isfinite(a)

@@ -33,6 +33,10 @@ class Bench:
     projection_cores: int
     disk_write_bytes_per_s: float
     host_cpu_s_per_byte: float
+    disk_read_bytes_per_s: float | None = None
+    """The disk's sequential read (pages dropped), for a student's epoch from the cache (None: an older JSON)."""
+    loader_cpu_s_per_byte: float | None = None
+    """The block loader's CPU seconds per stored byte read (None: an older JSON)."""
 
 
 _BENCH_KEYS = {"date": ("date",), "device": ("device",), "device_name": ("device_name",), "cores": ("cores",),
@@ -64,6 +68,11 @@ def load_bench(path: Path) -> Bench | None:
             raise BenchError(f"{path}: {'.'.join(where)} = {value!r} is not "
                              f"{'a string' if text else 'a positive number'}; {BENCH_HINT} again")
         values[key] = value
+    for key, where in (("disk_read_bytes_per_s", ("disk", "read_bytes_per_s")),
+                       ("loader_cpu_s_per_byte", ("loader", "cpu_s_per_byte"))):
+        value = data.get(where[0], {}).get(where[1]) if isinstance(data.get(where[0]), dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            values[key] = value
     return Bench(**values)
 
 
@@ -77,3 +86,17 @@ def throughput(flops_per_row: float, row_bytes: float, disk_row_bytes: float, fl
     rate = limits[bound]
     return {"rows_per_s": rate, "bound": bound, "limits": limits,
             "seconds": None if n_rows is None else n_rows / rate}
+
+
+def cached_vs_live(flops_per_row: float, disk_row_bytes: float, bench: Bench) -> dict[str, Any] | None:
+    """On the projected GPU box: a student's epoch reading the cache (rows/s: the disk's read, or the loader's CPU
+    on the cores left) against the teacher run live on every batch (its forward on the GPU); None without the
+    figures (an older benchmark JSON)."""
+    if bench.disk_read_bytes_per_s is None or bench.loader_cpu_s_per_byte is None:
+        return None
+    spare = max(1, bench.projection_cores - 2)  # one core drives the GPU, one is the OS's
+    limits = {"disk": bench.disk_read_bytes_per_s / max(disk_row_bytes, 1.0),
+              "loader CPU": spare / (bench.loader_cpu_s_per_byte * max(disk_row_bytes, 1.0))}
+    bound = min(limits, key=limits.get)
+    return {"cached_rows_per_s": limits[bound], "cached_bound": bound,
+            "live_rows_per_s": bench.gpu_flops_per_s / max(flops_per_row, 1.0)}

@@ -4,13 +4,15 @@
 Per row and stored array, the uncompressed bytes are exact (:func:`~distillpipe.store.schema.stored_layout`: a signal
 stored in int8 is its int8 values and float16 scales); on disk they are
 estimated as the bytes of the real values only: padding, unused MLM slots and ``-inf`` score blocks compress to almost
-nothing (an inner chunk of fill values is not even written), while float16 activations barely compress; the MLM top-k
-arrays do compress, by a measured factor (:data:`COMPRESSION`). The share of real values comes from the rows' token
-counts (and masked positions), when they are known.
+nothing (lz4), or are not stored (the ``raw`` per-position arrays leave out their blocks of padding positions, so
+a row's real positions count rounded up to a block), while float16 activations barely compress; the MLM top-k arrays
+do compress, by a measured factor (:data:`COMPRESSION`). The share of real values comes from the rows' token counts
+(and masked positions), when they are known.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,10 +20,12 @@ import numpy as np
 from distillpipe.store.schema import (
     ATTN_PROBS,
     ATTN_SCORES,
+    CODECS,
     EMBEDDINGS,
     END_LOGITS,
     HIDDEN,
     MLM,
+    RAW,
     START_LOGITS,
     SignalSpec,
     array_group,
@@ -50,11 +54,14 @@ class ArrayPlan:
     """Fraction of the row that holds real values (not padding or unused slots): 1 when unknown."""
     compression: float
     """Bytes on disk / bytes of the real values (:data:`COMPRESSION`)."""
+    overhead: float = 0.0
+    """Bytes a row of the shard files' framing: an index entry a chunk (16 B), a crc32c a stored chunk (4 B), and a
+    Blosc header a compressed chunk (16 B)."""
 
     @property
     def est_row_bytes(self) -> float:
         """Estimated bytes a row on disk."""
-        return self.row_bytes * self.occupancy * self.compression
+        return self.row_bytes * self.occupancy * self.compression + self.overhead
 
 
 def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray | None) -> list[ArrayPlan]:
@@ -73,10 +80,21 @@ def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray
         if masked is not None and spec.mlm_max_masked:
             occupancy[MLM] = masked.mean() / spec.mlm_max_masked
     scales = {e.scale for name, e in spec.encodings().items() if array_group(name) == ATTN_SCORES}
-    return [ArrayPlan(a.name, array_group(a.name), str(a.dtype), a.row_shape, a.row_nbytes,
-                      float(occupancy.get(SCORE_SCALES if a.name in scales else array_group(a.name), 1.0)),
-                      COMPRESSION.get(array_group(a.name), 1.0))
-            for a in stored_layout(spec, 0, 1)]
+    plans = []
+    for a in stored_layout(spec, 0, 1):
+        occ = float(occupancy.get(SCORE_SCALES if a.name in scales else array_group(a.name), 1.0))
+        chunks_a_row = math.prod(a.row_shape) / math.prod(a.chunks[1:]) / a.chunks[0]
+        stored = chunks_a_row
+        if a.codec == RAW and lengths is not None and lengths.size:  # whole blocks of positions are stored
+            n = lengths.astype(np.float64)
+            real = n if array_group(a.name) == EMBEDDINGS else np.ceil(n / p)
+            block, positions = a.chunks[1], a.row_shape[0]
+            occ = float(np.minimum(np.ceil(real / block) * block, positions).mean() / positions)
+            stored = chunks_a_row * occ
+        framing = 16 * chunks_a_row + (4 + (16 if CODECS[a.codec] else 0)) * stored
+        plans.append(ArrayPlan(a.name, array_group(a.name), str(a.dtype), a.row_shape, a.row_nbytes, occ,
+                               COMPRESSION.get(array_group(a.name), 1.0), framing))
+    return plans
 
 
 def float16_row_bytes(spec: SignalSpec) -> int:

@@ -43,7 +43,7 @@ from distillpipe.config.teacher_cache import TeacherCacheConfig, TeacherCacheDat
 from distillpipe.config.tokenize import TokenizeConfig
 from distillpipe.store.schema import SignalSpec
 from distillpipe.store.shards import tree_bytes
-from distillpipe.teacher.bench import Bench, load_bench, throughput
+from distillpipe.teacher.bench import Bench, cached_vs_live, load_bench, throughput
 from distillpipe.teacher.cache import TeacherCacheError, TeacherSizes, spec_for
 from distillpipe.teacher.estimate import ArrayPlan, array_plans, float16_row_bytes, fmt_bytes
 from distillpipe.teacher.rows import Rows, count_rows
@@ -140,6 +140,8 @@ class ItemPlan:
     teacher_params: int | None = None
     flops_per_row: float | None = None
     rates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reading: dict[str, Any] | None = None
+    """On the GPU box: a student's epoch from this cache against the teacher run live (bench.cached_vs_live)."""
     """``here`` / ``gpu``: {rows_per_s, seconds (None: rows unknown), bound}."""
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -204,6 +206,7 @@ class ItemPlan:
             "bytes": self.nbytes, "est_bytes": self.est_bytes, "shard_rows": self.shard_rows,
             "shards": self.n_shards, "files": self.files, "teacher_params": self.teacher_params,
             "memory_bytes": self.memory_bytes, "flops_per_row": self.flops_per_row, "rates": self.rates,
+            "reading": self.reading,
             "notes": self.notes, "problems": self.problems,
         }
 
@@ -257,6 +260,7 @@ def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokeni
                                           ("gpu", bench.gpu_flops_per_s, bench.projection_cores)):
             item.rates[where] = throughput(item.flops_per_row, item.row_bytes, item.est_row_bytes, flops_per_s,
                                            cores, bench, rows.n)
+        item.reading = cached_vs_live(item.flops_per_row, item.est_row_bytes, bench)
     return item
 
 
@@ -341,6 +345,12 @@ def plan_caches(params: Path, root: Path, bench_path: Path) -> Plan:
     plan = Plan(items, bench, str(disk), free, existing, [])
     for i in items:
         plan.warnings += [f"{i.name}: {p}" for p in i.problems]
+        r = i.reading
+        if r is not None and r["live_rows_per_s"] > r["cached_rows_per_s"]:
+            plan.warnings.append(
+                f"{i.name}: on the GPU box the live teacher ({r['live_rows_per_s']:,.0f} rows/s) is faster than a "
+                f"student reading this cache ({r['cached_rows_per_s']:,.0f} rows/s, {r['cached_bound']}-bound): for "
+                "these signals, distil from the live teacher, or store them int8 or on a faster disk")
     # the items whose size is known: with one unknown, the stores need more than that
     est = sum(i.est_bytes for i in items if i.est_bytes is not None)
     upper = sum(i.nbytes for i in items if i.nbytes is not None)
