@@ -62,7 +62,10 @@ def at_scale(out_dir: Path) -> dict:
     data = json.loads(path.read_text())
     return {"ok": True, "sets": {k: {"build_rows_per_s": v["build_rows_per_s"], "bare_rows_per_s": v["bare_rows_per_s"],
                                      "build/bare": v["build_rows_per_s"] / v["bare_rows_per_s"],
-                                     "bound": v["projection"]["bound"]} for k, v in data["sets"].items()}}
+                                     "bound": v["projection"]["per_disk"]["this disk"]["bound"],
+                                     "writers_of_disk": v["writers_alone"]["float16"]["of_disk"],
+                                     "loader_of_disk": v["loader"]["float16"]["of_disk"]}
+                                 for k, v in data["sets"].items()}}
 
 
 def dask_cuda_build() -> dict:

@@ -62,8 +62,12 @@ def test_info_figures_and_text(reference_store):
     assert info["completed_shards"] == 4 and info["n_shards"] == 4
     hidden = next(a for a in info["arrays"] if a["name"] == "hidden/L1")
     assert hidden["shape"] == [500, 4, 8] and hidden["chunks"] == [1, 4, 8] and hidden["shards"] == [128, 4, 8]
+    codecs = {a["name"]: a["codec"] for a in info["arrays"]}
+    assert codecs["hidden/L1"] == "raw" and codecs["attn_probs/L2"] == "lz4" and codecs["logits"] == "lz4+shuffle"
     text = format_info(info)
-    for needle in ("tiny-bert", "tok-fp-1", "4 shards complete", "hidden/L1", "(500, 4, 8)", "float16", "bytes/row"):
+    for needle in ("tiny-bert", "tok-fp-1", "4 shards complete", "hidden/L1", "(500, 4, 8)", "float16", "bytes/row",
+                   "codec raw: bytes -> crc32c per inner chunk",
+                   "codec lz4: bytes -> blosc(lz4, clevel 1, noshuffle) -> crc32c"):
         assert needle in text, needle
 
 

@@ -11,6 +11,7 @@ from distillpipe.store.schema import (
     TARGET_CHUNK_BYTES,
     SignalSpec,
     array_layout,
+    position_block,
 )
 
 
@@ -59,13 +60,16 @@ def test_qa_no_mlm_and_large_vocab():
 
 
 def test_chunks_follow_row_bytes():
-    # BERT-Large-like: hidden 96 x 1024 fp16 -> one row, blocks of 4 positions (8 KiB); embeddings 384 x 1024 the
-    # same; attention maps one row; logits (small) -> 64 rows, and the MLM's topk of a large M fewer.
+    # BERT-Large-like: hidden 96 x 1024 fp16 -> one row, blocks of 3 positions (6 KiB: at most 96 / 32); embeddings
+    # 384 x 1024, 4 positions (8 KiB); attention maps one row; logits (small) -> 64 rows, the MLM's top-k of a large
+    # M fewer.
     spec = tiny_spec(max_seq_len=384, pool=4, hidden_size=1024, n_heads=16, hidden_layers=(12,), attn_layers=(12,),
                      attn_probs_layers=(12,), embedding_size=1024, mlm_topk=64, mlm_max_masked=300)  # fmt: skip
     layout = {a.name: a for a in array_layout(spec, 5000, 1024)}
     assert layout["attn_probs/L12"].chunks == (1, 16, 384, 384) and layout["attn_scores/L12"].chunks == (1, 16, 96, 96)
-    assert layout["hidden/L12"].chunks == (1, 4, 1024) and layout["embeddings"].chunks == (1, 4, 1024)
+    assert layout["hidden/L12"].chunks == (1, 3, 1024) and layout["embeddings"].chunks == (1, 4, 1024)
+    assert position_block(32, 768) == 1 and position_block(128, 1536) == 4 and position_block(128, 64) == 8
+    assert position_block(4, 16) == 4  # tiny rows: one chunk, not 20 bytes of framing for 16 of values
     assert layout["logits"].chunk_rows == MAX_CHUNK_ROWS
     assert layout["mlm/topk_ids"].chunk_rows == 64  # 300 x 64 x 2 B = 38 KB a row: 64 rows is 2.4 MB
     assert array_layout(spec, 5000, 1024)[0].chunk_rows == MAX_CHUNK_ROWS

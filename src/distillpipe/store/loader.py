@@ -39,7 +39,7 @@ so a resumed run continues with exactly the batch an uninterrupted run would hav
 (resuming needs the same seed, sizes and streams; this is checked).
 
 Memory per process: two windows (``buffer_blocks * block_rows`` rows of the requested arrays: the one served and
-the next, read meanwhile) per stream it reads, plus one batch.
+the next, read meanwhile; allocated once an epoch and reused) per stream it reads, plus one batch.
 """
 
 from __future__ import annotations
@@ -241,11 +241,18 @@ class BlockDataset(torch.utils.data.IterableDataset):
         pending: list[tuple[Rows, np.ndarray]] = []  # (a window's rows, the positions in it still to yield)
         n_pending = 0
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-prefetch")
+        capacity = self.buffer_blocks * self.block_rows
+        buffers = [{n: np.empty((capacity, *store.layout[n].shape[1:]), dtype=store.layout[n].dtype) for n in names}
+                   for _ in range(min(2, len(todo)))]  # windows k and k + 1; window k + 2 reuses k's, by then served
+
+        def read(k: int) -> Rows:
+            return store.read_blocks(names, todo[k][1], out=buffers[k % 2])
+
         try:
-            ahead = prefetch.submit(store.read_blocks, names, todo[0][1]) if todo else None
+            ahead = prefetch.submit(read, 0) if todo else None
             for k, (w, _, n_rows, skip_rows) in enumerate(todo):
                 data = ahead.result()  # the window, read once into one array per name
-                ahead = prefetch.submit(store.read_blocks, names, todo[k + 1][1]) if k + 1 < len(todo) else None
+                ahead = prefetch.submit(read, k + 1) if k + 1 < len(todo) else None
                 order = np.random.default_rng([self.seed, self.epoch, w]).permutation(n_rows)[skip_rows:]
                 pending.append((data, order))  # rows are gathered batch by batch: no permuted copy of the window
                 n_pending += len(order)

@@ -50,7 +50,7 @@ FORMAT_VERSION = 5
 instead of zstd (nearly the bytes of padding zstd saved, 5-10x less CPU to write and to read); 4: a per-signal
 ``precision`` in the signals (compressed stored forms, the manifest's ``encoding``); 5: a codec chain per array
 (per-position arrays raw in chunks of one row and a block of positions, attention maps lz4 without shuffle per
-(row, head)) and markers that record a crc32c digest instead of a sha256."""
+row) and markers that record a crc32c digest instead of a sha256."""
 FORMAT_CHANGE = ("format 5 stores hidden states and embeddings raw, attention maps with a faster lz4, and checks "
                  "shards by crc32c: several times less CPU to write and read")
 """Why a store of the previous format is rebuilt: said when one is met."""

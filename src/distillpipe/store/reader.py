@@ -6,7 +6,7 @@
 * a store that does not match what the caller expects, naming every differing manifest field;
 * a store whose build has not finished (unless ``allow_incomplete``);
 * a damaged store: every completed shard's files must exist with the sizes its completion marker
-  recorded (one ``stat`` per file, always on), and with ``verify=True`` their sha256 too (reads every
+  recorded (one ``stat`` per file, always on), and with ``verify=True`` their digests too (reads every
   byte: a training run does it when it resumes, ``distillpipe inspect --verify`` on demand).
 
 Bytes that changed without changing a file's size are caught when they are read: every inner chunk
@@ -39,7 +39,7 @@ from distillpipe.store.codec import ShardCodec, codec_pool, codec_threads
 from distillpipe.store.lock import StoreLocked, writer_active
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreDamaged, StoreIncomplete, check_manifest
 from distillpipe.store.quant import decode
-from distillpipe.store.schema import ArraySpec, array_layout, stored_layout
+from distillpipe.store.schema import CODECS, ArraySpec, array_layout, stored_layout
 from distillpipe.store.shards import marked_shards, read_marker, shard_key, tree_bytes, verify_shards
 
 log = logging.getLogger(__name__)
@@ -88,27 +88,34 @@ class TeacherStore:
         its checksum or cannot be decoded raises :class:`StoreDamaged` naming its shard."""
         return self.read_blocks(names, [(start, stop)])
 
-    def read_blocks(self, names: Iterable[str], blocks: Iterable[tuple[int, int]]) -> dict[str, np.ndarray]:
+    def read_blocks(self, names: Iterable[str], blocks: Iterable[tuple[int, int]],
+                    out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The rows of several ranges ``[(start, stop), ...]``, one after the other, in one array per name
-        (each row decoded straight into its place: no concatenation)."""
+        (each row decoded straight into its place: no concatenation). ``out``: arrays to read into (at least as many
+        rows, the arrays' dtype and row shape; the result's arrays are their first rows), so that a reader that
+        reads window after window reuses its memory instead of faulting in fresh pages each time."""
         blocks = list(blocks)
         for start, stop in blocks:
             if not 0 <= start <= stop <= self.n_rows:
                 raise IndexError(f"rows [{start}, {stop}) out of range for {self.root} with {self.n_rows} rows")
         n = sum(b - a for a, b in blocks)
-        out, pieces = {}, []
+        result, pieces = {}, []
         for name in names:
             if name not in self.layout:
                 raise KeyError(f"{self.root} has no array {name!r}; it has {list(self.layout)}")
             spec = self.layout[name]
-            rows = np.empty((n, *spec.shape[1:]), dtype=spec.dtype)
+            if out is not None and name in out:
+                rows = out[name][:n]
+                assert rows.shape == (n, *spec.shape[1:]) and rows.dtype == spec.dtype and rows.flags.c_contiguous
+            else:
+                rows = np.empty((n, *spec.shape[1:]), dtype=spec.dtype)
             for part in self._parts(name):
                 self._codec(part)  # opened here, not by the pool's threads
             at = 0
             for start, stop in blocks:
                 pieces += self._pieces(name, start, stop, rows[at:at + stop - start])
                 at += stop - start
-            out[name] = rows
+            result[name] = rows
         pool = codec_pool()
         if len(pieces) >= codec_threads():
             # Enough shard files to keep every thread busy: each thread reads and decodes whole pieces, so the reads
@@ -119,7 +126,7 @@ class TeacherStore:
         else:  # few pieces: one read at a time, each piece's chunks decoded in parallel
             for piece in pieces:
                 self._decode(*piece, pool)
-        return out
+        return result
 
     def _pieces(self, name: str, start: int, stop: int, out: np.ndarray) -> list[tuple]:
         """Rows [start, stop) of ``name`` as (name, shard, first, stop within the shard, out) per shard file."""
@@ -168,7 +175,7 @@ class TeacherStore:
         return self._codecs[name]
 
     def content_sha256(self) -> str:
-        """Digest of what the store holds: the manifest's identity and the sha256 of every completed
+        """Digest of what the store holds: the manifest's identity and the digest of every completed
         shard's files as their markers record them (no file is read: pair it with ``verify``)."""
         h = hashlib.sha256(json.dumps(self.manifest.identity(), sort_keys=True).encode())
         for i in self.manifest.completed_shards:
@@ -200,7 +207,9 @@ class TeacherStore:
             arrays.append({
                 "name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
                 "precision": str(spec.dtype) if e is None else str(parts[0].dtype),
-                "stored_as": [p.name for p in parts], "chunks": list(spec.chunks), "shards": list(spec.shards),
+                "stored_as": [p.name for p in parts], "codec": "/".join(dict.fromkeys(p.codec for p in parts)),
+                "codec_chain": [codec_chain(p) for p in parts], "chunks": list(spec.chunks),
+                "shards": list(spec.shards),
                 "fill_value": spec.fill_value, "bytes_per_row_raw": spec.row_nbytes,
                 "bytes_per_row_stored_raw": sum(p.row_nbytes for p in parts), "bytes_stored": stored,
                 "bytes_per_row": stored / rows_done if rows_done else None,
@@ -237,7 +246,7 @@ def open_store(
     :class:`~distillpipe.store.manifest.StoreIncomplete` when shards are missing (unless
     ``allow_incomplete``, for inspection) and :class:`~distillpipe.store.manifest.StoreDamaged` when a
     completed shard's files are missing or have other sizes than recorded (``check_files``; with
-    ``verify`` also other sha256).
+    ``verify`` also other digests: a chunk failing its crc32c, or other chunks than the marker's).
     """
     root = Path(path)
     owner = writer_active(root)
@@ -288,18 +297,28 @@ def format_info(info: Mapping[str, Any]) -> str:
         f"on disk        {_mib(info['bytes_on_disk'])}, {_num(info['bytes_per_row'])} bytes/row "
         f"(raw {info['bytes_per_row_raw']:,} bytes/row), compression {_ratio(info['compression_ratio'])}",
         "",
-        f"{'array':<20} {'shape':<24} {'dtype':<8} {'stored':<8} {'chunks':<20} {'shards':<20} {'on disk':>11} "
-        f"{'bytes/row':>10} {'ratio':>7}",
+        f"{'array':<20} {'shape':<24} {'dtype':<8} {'stored':<8} {'codec':<18} {'chunks':<20} {'shards':<20} "
+        f"{'on disk':>11} {'bytes/row':>10} {'ratio':>7}",
     ]
     for a in info["arrays"]:
         lines.append(
-            f"{a['name']:<20} {_shape(a['shape']):<24} {a['dtype']:<8} {a['precision']:<8} {_shape(a['chunks']):<20} "
-            f"{_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} {_num(a['bytes_per_row']):>10} "
-            f"{_ratio(a['compression_ratio']):>7}"
+            f"{a['name']:<20} {_shape(a['shape']):<24} {a['dtype']:<8} {a['precision']:<8} {a['codec']:<18} "
+            f"{_shape(a['chunks']):<20} {_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} "
+            f"{_num(a['bytes_per_row']):>10} {_ratio(a['compression_ratio']):>7}"
         )
+    chains = {a["codec"]: a["codec_chain"][0] for a in info["arrays"]}
+    lines.append("")
+    lines += [f"codec {name}: {chain}" for name, chain in chains.items()]
     for name, e in m.get("encoding", {}).items():
         lines.append(f"  {name} = {e['values']}, {e['scale']}: {e['formula']}")
     return "\n".join(lines)
+
+
+def codec_chain(spec: ArraySpec) -> str:
+    """The Zarr codec chain of an inner chunk of ``spec``, in words (what ``inspect`` shows)."""
+    blosc = CODECS[spec.codec]
+    mid = "" if blosc is None else f"blosc({blosc[0]}, clevel {blosc[1]}, {blosc[2]}) -> "
+    return f"bytes -> {mid}crc32c per inner chunk (chunks of fill values only are not stored)"
 
 
 def _digest(value: Any) -> str:

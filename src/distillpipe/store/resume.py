@@ -34,8 +34,9 @@ def create_or_resume(path: str | Path, manifest: Manifest, *, checksum: bool = T
     * no store yet: create it (every array, empty);
     * a store whose manifest identity (see :mod:`distillpipe.store.manifest`) and array layout
       equal the new ones: resume. ``*.partial`` leftovers are removed, every marked shard is checked
-      against its marker (sha256 of every file when ``checksum``, else sizes only; hashing a
-      hundreds-of-GB store takes minutes) and a damaged shard is logged, un-marked and left pending;
+      against its marker (every file's digest when ``checksum``, else sizes only; reading a
+      hundreds-of-GB store takes minutes: the disk is the bound) and a damaged shard is logged,
+      un-marked and left pending;
     * a store built from other params or inputs: log a WARNING naming the differing fields and
       rebuild it from empty.
 

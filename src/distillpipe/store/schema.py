@@ -23,7 +23,7 @@ GB/s a core), each ending with a crc32c per inner chunk:
   dense float16 or int8 values do not compress (lz4 1.00x on real positions), so a compressor only cost CPU; the
   padding is kept free instead by inner chunks of one row and :func:`position_block` positions: a chunk that is all
   padding (the fill value) is not stored (Zarr's ``write_empty_chunks=False``). A row stores its real positions
-  rounded up to a block (~8 KiB).
+  rounded up to a block (~8 KiB, and at most 1/32 of the positions).
 * ``lz4`` (Blosc lz4, clevel 1, no shuffle) for the attention maps (``attn_scores/L{j}``, ``attn_probs/L{j}`` and
   int8 codes), one chunk a row: their padding is quadratic (padded queries AND padded keys), which no block of
   positions leaves out exactly (blocks of 8 x 8 keep ~10% more bytes, and cutting them out costs a strided copy);
@@ -77,6 +77,9 @@ MAX_CHUNK_ROWS = 64
 RAW_BLOCK_BYTES = 8 * 2**10
 """A ``raw`` array's inner chunk holds at least this many bytes of positions (when the row has them): smaller blocks
 leave less padding in a row's last block but cost a crc32c call and an index entry each (16 + 4 bytes)."""
+RAW_MIN_BLOCK_BYTES = 512
+RAW_MAX_BLOCKS_SHARE = 32
+"""A ``raw`` array's block holds at most 1/32 of a row's positions."""
 RAW, LZ4, LZ4_SHUFFLE = "raw", "lz4", "lz4+shuffle"
 CODECS = {RAW: None, LZ4: ("lz4", 1, "noshuffle"), LZ4_SHUFFLE: ("lz4", 5, "shuffle")}
 """Each codec chain's Blosc settings (cname, clevel, shuffle) between ``bytes`` and ``crc32c``; None: no compressor."""
@@ -356,12 +359,18 @@ def chunk_rows_for(row_nbytes: int, shard_rows: int) -> int:
 
 
 def position_block(n_positions: int, position_nbytes: int) -> int:
-    """Positions per inner chunk of a ``raw`` array: the smallest divisor of ``n_positions`` (Zarr's shard shape must be
-    a multiple of its inner chunks) whose block holds at least :data:`RAW_BLOCK_BYTES`, else all of them."""
-    for b in range(1, n_positions + 1):
-        if n_positions % b == 0 and b * position_nbytes >= RAW_BLOCK_BYTES:
-            return b
-    return n_positions
+    """Positions per inner chunk of a ``raw`` array: a divisor of ``n_positions`` (Zarr's shard shape must be a
+    multiple of its inner chunks), at most 1/32 of them (a row stores its real positions rounded up to a block: so
+    at most ~3% more than its real values, ~1.5% on average), and the smallest such one whose block holds at least
+    :data:`RAW_BLOCK_BYTES` (each chunk costs a crc32c call and an index entry), else the largest; but never a block
+    under :data:`RAW_MIN_BLOCK_BYTES` where a larger divisor reaches it (tiny rows: the framing would outweigh the
+    padding saved)."""
+    divisors = [b for b in range(1, n_positions + 1) if n_positions % b == 0]
+    small = [b for b in divisors if b <= max(1, n_positions // RAW_MAX_BLOCKS_SHARE)]
+    block = next((b for b in small if b * position_nbytes >= RAW_BLOCK_BYTES), small[-1])
+    if block * position_nbytes < RAW_MIN_BLOCK_BYTES:
+        block = next((b for b in divisors if b * position_nbytes >= RAW_MIN_BLOCK_BYTES), n_positions)
+    return block
 
 
 def codec_of(name: str) -> str:

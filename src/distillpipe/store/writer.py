@@ -285,19 +285,18 @@ def _publish(path: Path, data: Encoded | None) -> dict[str, Any] | None:
     """Put ``data`` at ``path`` atomically (temp file + ``os.replace``), or remove ``path`` for None;
     return the file's marker record ({size, crc32c: the file digest} or None).
 
-    Written with ``O_DIRECT`` where the filesystem takes it (:func:`_write_direct`): the bytes go from one reused,
-    aligned buffer to the device, so the kernel neither copies them into the page cache nor writes them back later
-    (on this project's VMs, filling fresh page cache cost ~4 CPU-ms a MB, 10x the write itself: docs/at-scale.md), and
-    a build of hundreds of GB does not push everything else out of memory. Elsewhere (tmpfs, some FUSE mounts,
-    macOS) with ``os.writev`` straight from the pieces."""
+    Written with ``O_DIRECT`` where the filesystem takes it (:func:`_write_file`): the bytes go from reused, aligned
+    buffers to the device, so the kernel neither copies them into the page cache nor writes them back later (on this
+    project's VMs, filling fresh page cache cost ~4 CPU-ms a MB, 10x the write itself: docs/at-scale.md), and a build
+    of hundreds of GB does not push everything else out of memory. Elsewhere (tmpfs, some FUSE mounts, macOS) the
+    same segments are written through the page cache."""
     if data is None:
         path.unlink(missing_ok=True)
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     try:
-        if not _write_direct(tmp, data):
-            _write_buffered(tmp, data)
+        _write_file(tmp, data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -312,35 +311,29 @@ _DIRECT = threading.local()
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
-def _write_direct(path: Path, data: Encoded) -> bool:
-    """Write ``data`` to the new file ``path`` with O_DIRECT, in aligned segments copied into this thread's buffers;
-    the last segment is padded to the alignment and the file cut back to its size. False (nothing written) where the
-    filesystem refuses O_DIRECT: the caller writes it buffered. Through ``open`` (a file object), as every writer of
-    the project: a full disk raises the same ``OSError`` (ENOSPC) wherever it is met."""
-    if not _O_DIRECT or getattr(_DIRECT, "refused", False):
-        return False
-    try:
-        f = open(path, "wb", buffering=0, opener=_direct_opener)
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        _DIRECT.refused = True  # this filesystem (and, for this thread, any other: rare) has no O_DIRECT
-        return False
-    with f:
-        if getattr(_DIRECT, "bufs", None) is None:
-            # page-aligned and reused (their pages stay warm); two, so that one is filled while the other is written;
-            # each twice a segment, as a group of frames may overflow one
-            _DIRECT.bufs = [memoryview(mmap.mmap(-1, 2 * _SEGMENT)) for _ in range(2)]
-            _DIRECT.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-direct-io")
+def _write_file(path: Path, data: Encoded) -> None:
+    """Write ``data`` to the new file ``path`` in aligned segments copied into this thread's buffers (the last one
+    padded to the alignment, the file then cut back to its size), with O_DIRECT unless the filesystem refuses it.
+    Through ``open`` (a file object), as every writer of the project: a full disk raises the same ``OSError``
+    (ENOSPC) wherever it is met."""
+    if getattr(_DIRECT, "bufs", None) is None:
+        # page-aligned and reused (their pages stay warm); two, so that one is filled while the other is written; each
+        # twice a segment, as a group of frames may overflow one
+        _DIRECT.bufs = [memoryview(mmap.mmap(-1, 2 * _SEGMENT)) for _ in range(2)]
+        _DIRECT.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-direct-io")
+    direct = bool(_O_DIRECT) and not getattr(_DIRECT, "refused", False)
+    while True:
         try:
-            _Segments(f, _DIRECT.bufs, _DIRECT.io).write(data)
+            with open(path, "wb", buffering=0, opener=_direct_opener if direct else None) as f:
+                _Segments(f, _DIRECT.bufs, _DIRECT.io).write(data)
+                os.ftruncate(f.fileno(), data.nbytes)
+            return
         except OSError as e:
-            if e.errno != errno.EINVAL:
+            if not direct or e.errno != errno.EINVAL:
                 raise
-            _DIRECT.refused = True  # an alignment this device does not take: buffered from now on
-            return False
-        os.ftruncate(f.fileno(), data.nbytes)
-    return True
+            # this filesystem has no O_DIRECT, or wants another alignment: through the page cache from now on (for
+            # this thread; a process writes one store, on one filesystem)
+            _DIRECT.refused, direct = True, False
 
 
 def _direct_opener(path: str, flags: int) -> int:
@@ -408,12 +401,6 @@ def _write_all(f: Any, view: memoryview) -> None:
     done = 0
     while done < len(view):
         done += f.write(view[done:])
-
-
-def _write_buffered(path: Path, data: Encoded) -> None:
-    with open(path, "wb") as f:
-        for piece in data.pieces():
-            f.write(piece)
 
 
 def store_manifest(store_path: str | Path) -> Manifest:

@@ -11,10 +11,14 @@ For every ``teacher_cache.datasets`` item, from params.yaml and whatever inputs 
   the tokens, or bounded by the tokenize params' masking when there are no tokens yet.
 * **bytes**: per row and array as stored, uncompressed, from :func:`~distillpipe.store.schema.stored_layout` (a
   signal of a compressed precision is its int8/uint8 values and its scales): the exact size of the data. On disk
-  (Blosc lz4) it is *estimated* as the bytes of the real values only: padding, unused MLM slots and ``-inf`` score
-  blocks compress to almost nothing (an inner chunk of fill values is not even written), while float16 (and int8)
-  activations barely compress (measured: see :data:`COMPRESSED_TOLERANCE`); the MLM top-k arrays do
-  compress, by a measured factor (:data:`COMPRESSION`).
+  it is *estimated* as the bytes of the real values (:mod:`distillpipe.teacher.estimate`): padding, unused MLM
+  slots and ``-inf`` score blocks compress to almost nothing (lz4) or are not stored (a raw array's blocks of padding
+  positions: its real positions count rounded up to a block), dense float16 (and int8) activations do not compress
+  (measured: see :data:`COMPRESSED_TOLERANCE`), the MLM top-k arrays do, by a measured factor (:data:`COMPRESSION`);
+  plus the files' framing (index entries, crc32c values, Blosc headers).
+* **reading it back**, from the benchmark JSON too: a student on the GPU box reads the cache at min(disk read bytes/s,
+  cores left / loader CPU s a byte) / bytes on disk a row; where the teacher run live (GPU FLOP/s / FLOPs a row) is
+  faster, a warning says so with both rates.
 * **files**: per shard one data file per array (at most: a shard whose every inner chunk is the fill value writes
   none) and one marker ``shards_done/<i>.json``, plus a ``zarr.json`` for the root, every group and every array.
 * **memory per worker** = 2 x (one shard of every array, uncompressed, float16) + 4 bytes x the teacher's parameters
@@ -54,11 +58,11 @@ WEIGHT_BYTES = 4
 """Bytes a teacher parameter takes in memory: the loader keeps fp32 weights (autocast decides the compute dtype)."""
 COMPRESSED_TOLERANCE = (0.8, 1.15)
 """Bytes of the data files on disk / the on-disk estimate that tests/teacher/test_plan.py accepts for stores of
-activations. Measured on whole stores with the store's Blosc lz4: 0.97-0.99 with MiniLM-L6 on the embedded data (wiki
-MLM top-k 0.99, wiki_mini attention probabilities 0.99, wiki_qa hidden, scores and embeddings 0.97), 0.85-1.14 with the
-tiny test teachers (chunks of a few KB, where Blosc's per-chunk header and lz4's weaker hold on short runs show; with
-zstd 0.90-0.98 and 0.93-0.97). The estimate is high for small integer arrays (row indices and lengths compress to a
-quarter)."""
+activations. Measured on whole stores of format 4 (Blosc lz4 everywhere): 0.97-0.99 with MiniLM-L6 on the embedded
+data (wiki MLM top-k 0.99, wiki_mini attention probabilities 0.99, wiki_qa hidden, scores and embeddings 0.97),
+0.85-1.14 with the tiny test teachers (chunks of a few KB, where lz4's weaker hold on short runs shows). Format 5 (raw
+per-position arrays, framing counted): 1.07-1.13 with the tiny test teachers. The estimate is high for small integer
+arrays (row indices and lengths compress to a quarter)."""
 
 
 # --------------------------------------------------------------------------------------------
