@@ -162,3 +162,22 @@ def test_raw_reads_go_straight_into_the_rows_and_damage_still_fails(tmp_path):
             codec.decode_rows(path, 0, 32, out)
         with pytest.raises(ValueError, match=r"inner chunk \d+ fails its crc32c"):
             codec.file_digest(path)
+
+
+def test_one_crc32c_pass_checks_every_frame():
+    """frames_check: the crc32c of n valid frames (chunk + its crc32c) is one number whatever their bytes (CRC-32C's
+    residue), computed from frames of zeros; any single flipped bit in any frame changes the span's crc32c."""
+    import crc32c
+
+    from distillpipe.store.codec import frames_check
+
+    rng = np.random.default_rng(5)
+    for step in (5, 772, 8196):
+        for n in (1, 2, 9):
+            data = [rng.integers(0, 256, step - 4, dtype=np.uint8).tobytes() for _ in range(n)]
+            span = b"".join(d + crc32c.crc32c(d).to_bytes(4, "little") for d in data)
+            assert crc32c.crc32c(span) == frames_check(n, step)
+            for _ in range(5):
+                damaged = bytearray(span)
+                damaged[int(rng.integers(len(span)))] ^= 1 << int(rng.integers(8))
+                assert crc32c.crc32c(bytes(damaged)) != frames_check(n, step)

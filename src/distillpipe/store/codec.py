@@ -54,8 +54,7 @@ CHUNK_KEY_ENCODING = {"name": "default", "separator": "/"}
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
-IOV_MAX = 1024
-"""Buffers per ``os.preadv``/``os.writev`` call (Linux's IOV_MAX)."""
+_BUFFERS = threading.local()
 MISSING = np.uint64(2**64 - 1)
 """Index entry of an inner chunk that is not stored."""
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
@@ -257,33 +256,36 @@ class ShardCodec:
             pass
 
     def _read_raw(self, fd: int, index: np.ndarray, stored: np.ndarray, out: np.ndarray, first: int) -> None:
-        """Raw chunks into ``out`` ((chunks, chunk_bytes) view of the caller's rows), in file order with ``os.preadv``
-        (a raw shard file is a sequence of equal frames, chunk + crc32c: the chunks needed for row-aligned rows lie
-        together), each checked against its crc32c; missing chunks get the fill value."""
+        """Raw chunks into ``out`` ((chunks, chunk_bytes) view of the caller's rows): the span of the file holding
+        them (a raw shard file is a sequence of equal frames, chunk + crc32c; for row-aligned reads the frames needed
+        lie together, in Morton order) is read in one call, checked in one crc32c pass (:func:`frames_check`: no
+        Python per chunk), then gathered into place in one numpy copy; missing chunks get the fill value."""
         step = self.chunk_bytes + 4
         where = np.flatnonzero(stored)
-        where = where[np.argsort(index[where, 0], kind="stable")]  # file order
         offsets = index[where, 0].astype(np.int64)
-        if (index[where, 1] != step).any() or (np.diff(offsets) % step).any():
+        lo, hi = int(offsets.min()), int(offsets.max()) + step
+        if (index[where, 1] != step).any() or ((offsets - lo) % step).any():
             raise ValueError(f"a raw shard file whose chunks are not frames of {self.chunk_bytes} bytes + crc32c")
-        crcs = np.empty(len(where), dtype="<u4")
-        crc_bytes = crcs.view(np.uint8).reshape(-1, 4)
-        # runs of consecutive frames, each read by preadv calls of at most IOV_MAX buffers
-        breaks = np.flatnonzero(np.diff(offsets) != step) + 1
-        for run in np.split(np.arange(len(where)), breaks):
-            for k in range(0, len(run), IOV_MAX // 2):
-                part = run[k:k + IOV_MAX // 2]
-                iov: list[Any] = []
-                for j in part:
-                    iov += (out[where[j]], crc_bytes[j])
-                if os.preadv(fd, iov, int(offsets[part[0]])) != len(part) * step:
-                    raise ValueError("shard file ends inside a chunk (truncated?)")
-        for j, k in enumerate(where):
-            if crc32c.crc32c(out[k]) != crcs[j]:
-                raise ValueError(f"inner chunk {first + k} fails its crc32c")
-        missing = np.flatnonzero(~stored)
-        if len(missing):
-            out[missing] = np.frombuffer(np.full(self.chunk_items, self.fill).tobytes(), dtype=np.uint8)
+        blob = _read_buffer(hi - lo)
+        if os.preadv(fd, [blob], lo) != hi - lo:
+            raise ValueError("shard file ends inside a chunk (truncated?)")
+        frames = blob.reshape(-1, step)  # every frame of the span: those of other rows are checked too
+        if crc32c.crc32c(blob) != frames_check(len(frames), step):
+            crcs = np.ascontiguousarray(frames[:, -4:]).view("<u4").reshape(-1)
+            slot_of = dict(zip((offsets - lo) // step, where))
+            for slot in range(len(frames)):  # find the chunk that fails, to name it
+                if crc32c.crc32c(frames[slot, :-4]) != crcs[slot]:
+                    raise ValueError(f"inner chunk {first + slot_of.get(slot, -1 - first)} fails its crc32c"
+                                     if slot in slot_of else "an inner chunk beside the ones read fails its crc32c")
+            raise ValueError("the inner chunks fail their crc32c together")
+        slots = (offsets - lo) // step
+        if len(where) == len(out) and (slots == np.arange(len(slots))).all():
+            out[...] = frames[:, :-4]  # every chunk, in C order: one strided copy
+        else:
+            out[where] = frames[slots, :-4]
+            missing = np.flatnonzero(~stored)
+            if len(missing):
+                out[missing] = np.frombuffer(np.full(self.chunk_items, self.fill).tobytes(), dtype=np.uint8)
 
     def file_digest(self, path: Path) -> str:
         """Read the shard file at ``path`` once, check its index and every chunk's crc32c, and return its digest
@@ -353,6 +355,37 @@ def morton_order(grid: tuple[int, ...]) -> np.ndarray:
     order = np.argsort(code, kind="stable")
     order.flags.writeable = False
     return order
+
+
+_CHECKS: dict[int, list[int]] = {}
+_CHECKS_LOCK = threading.Lock()
+
+
+def frames_check(n: int, step: int) -> int:
+    """The crc32c of any ``n`` consecutive frames of ``step`` bytes whose last 4 bytes are the crc32c (little-endian)
+    of the rest. The crc32c of such a frame is the same for every frame (CRC-32C's residue), and the crc32c of a
+    concatenation is a function of its parts' crc32c values and lengths; so this one number checks every frame of a
+    span in one pass over its bytes (a damaged frame changes it; two damaged frames cancel with odds of 2^-32),
+    computed once from frames of zeros."""
+    with _CHECKS_LOCK:
+        done = _CHECKS.setdefault(step, [0])  # done[k]: the crc32c of k frames (0 for none)
+        if len(done) <= n:
+            zeros = bytes(step - 4)
+            frame = zeros + crc32c.crc32c(zeros).to_bytes(4, "little")
+            while len(done) <= n:
+                done.append(crc32c.crc32c(frame, done[-1]))
+        return done[n]
+
+
+def _read_buffer(n: int) -> np.ndarray:
+    """A buffer of ``n`` bytes: this thread's reused one up to 64 MiB (fresh pages cost page faults each read), else
+    a new one."""
+    if n > 64 * 2**20:
+        return np.empty(n, dtype=np.uint8)
+    buf = getattr(_BUFFERS, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = _BUFFERS.buf = np.empty(max(n, 2**20), dtype=np.uint8)
+    return buf[:n]
 
 
 def codec_threads() -> int:
