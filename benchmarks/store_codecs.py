@@ -6,7 +6,7 @@ int8 codes), on rows of 50-100% of L (the rest padding, as a real corpus has), i
 (:mod:`distillpipe.store.codec`, Zarr's format) and prints: bytes on disk against the real values' bytes (1.00 = the
 padding costs nothing and the values are stored as they are), and encode and decode GB/s of one core (of the
 uncompressed shard). Each chain runs with the chunks the layout would give it: ``raw`` with one row and a block of
-positions, ``lz4`` with one row, ``lz4+shuffle`` with whole rows as before format 5.
+positions, ``lz4`` and ``lz4+shuffle`` with 8-64 whole rows.
 
 Values are random normals (the stand-in teacher's), which compress like real float16 activations within a few %
 (lz4 1.01x, zstd 1.09x on MiniLM hidden states: docs/at-scale.md); ids and sorted logits are made as the MLM's are.
@@ -31,8 +31,6 @@ def _spec(name: str, row_shape: tuple, dtype, fill, codec: str, shard_rows: int)
     itemsize = np.dtype(dtype).itemsize
     if codec == RAW:
         chunks = (1, position_block(row_shape[0], int(np.prod(row_shape[1:])) * itemsize), *row_shape[1:])
-    elif codec == LZ4:
-        chunks = (1, *row_shape)
     else:
         chunks = (chunk_rows_for(int(np.prod(row_shape)) * itemsize, shard_rows), *row_shape)
     return ArraySpec(name=name, shape=(shard_rows, *row_shape), chunks=chunks, shards=(shard_rows, *row_shape),

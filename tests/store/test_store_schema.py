@@ -37,13 +37,13 @@ def test_layout_shapes_and_dtypes_of_every_signal():
         a = layout[name]
         assert a.shape == shape and a.dtype == np.dtype(dtype), name
         assert a.shards == (32, *shape[1:]), name  # sharded along rows only
-        if a.codec == "lz4+shuffle":  # small arrays: whole rows, 8-64 a chunk
+        if a.codec != "raw":  # whole rows, 8-64 a chunk
             assert a.chunks[1:] == shape[1:] and 32 % a.chunks[0] == 0, name
-        else:  # one row, and a block of positions (raw: padding chunks are left out) or all of it (lz4)
+        else:  # one row, and a block of positions: padding chunks are left out
             assert a.chunks[0] == 1 and a.chunks[2:] == shape[2:] and shape[1] % a.chunks[1] == 0, name
     assert {n: a.codec for n, a in layout.items() if a.codec != "lz4+shuffle"} == {
         "hidden/L1": "raw", "hidden/L3": "raw", "attn_scores/L2": "lz4", "attn_probs/L2": "lz4", "embeddings": "raw"}
-    assert layout["attn_scores/L2"].chunks == (1, 2, 5, 5) and layout["embeddings"].chunks == (1, 18, 4)
+    assert layout["attn_scores/L2"].chunks == (32, 2, 5, 5) and layout["embeddings"].chunks == (1, 18, 4)
     assert np.isneginf(layout["attn_scores/L2"].fill_value) and np.isneginf(ATTN_MASKED)
     assert layout["mlm/positions"].fill_value == -1
 
@@ -61,12 +61,13 @@ def test_qa_no_mlm_and_large_vocab():
 
 def test_chunks_follow_row_bytes():
     # BERT-Large-like: hidden 96 x 1024 fp16 -> one row, blocks of 3 positions (6 KiB: at most 96 / 32); embeddings
-    # 384 x 1024, 4 positions (8 KiB); attention maps one row; logits (small) -> 64 rows, the MLM's top-k of a large
+    # 384 x 1024, 4 positions (8 KiB); attention maps 8 rows (the minimum: 4.7 MB and 295 KB a row); logits (small)
+    # -> 64 rows, the MLM's top-k of a large
     # M fewer.
     spec = tiny_spec(max_seq_len=384, pool=4, hidden_size=1024, n_heads=16, hidden_layers=(12,), attn_layers=(12,),
                      attn_probs_layers=(12,), embedding_size=1024, mlm_topk=64, mlm_max_masked=300)  # fmt: skip
     layout = {a.name: a for a in array_layout(spec, 5000, 1024)}
-    assert layout["attn_probs/L12"].chunks == (1, 16, 384, 384) and layout["attn_scores/L12"].chunks == (1, 16, 96, 96)
+    assert layout["attn_probs/L12"].chunks == (8, 16, 384, 384) and layout["attn_scores/L12"].chunks == (8, 16, 96, 96)
     assert layout["hidden/L12"].chunks == (1, 3, 1024) and layout["embeddings"].chunks == (1, 4, 1024)
     assert position_block(32, 768) == 1 and position_block(128, 1536) == 4 and position_block(128, 64) == 8
     assert position_block(4, 16) == 4  # tiny rows: one chunk, not 20 bytes of framing for 16 of values
@@ -77,7 +78,7 @@ def test_chunks_follow_row_bytes():
                                                           vocab_size=70_000), 50, 32)}
     assert big["mlm/topk_ids"].chunk_rows == MIN_CHUNK_ROWS  # 300 x 512 x 4 B = 614 KB a row: the 8-row minimum
     for a in layout.values():
-        if a.codec == "lz4+shuffle":
+        if a.codec != "raw":
             assert a.chunk_rows * a.row_nbytes <= TARGET_CHUNK_BYTES or a.chunk_rows == MIN_CHUNK_ROWS
         else:
             assert a.chunk_rows == 1

@@ -25,15 +25,15 @@ GB/s a core), each ending with a crc32c per inner chunk:
   padding (the fill value) is not stored (Zarr's ``write_empty_chunks=False``). A row stores its real positions
   rounded up to a block (~8 KiB, and at most 1/32 of the positions).
 * ``lz4`` (Blosc lz4, clevel 1, no shuffle) for the attention maps (``attn_scores/L{j}``, ``attn_probs/L{j}`` and
-  int8 codes), one chunk a row: their padding is quadratic (padded queries AND padded keys), which no block of
+  int8 codes), 8-64 rows a chunk: their padding is quadratic (padded queries AND padded keys), which no block of
   positions leaves out exactly (blocks of 8 x 8 keep ~10% more bytes, and cutting them out costs a strided copy);
   lz4 without shuffle at clevel 1 removes it at ~2 GB/s a core (2-3x the shuffled clevel 5 it replaces, same
   ratio), and passes the real values at 1.0x.
 * ``lz4+shuffle`` (Blosc lz4, clevel 5, byte shuffle) for the small per-row arrays (row index, lengths, task logits,
-  the MLM top-k, scales): ids and sorted logits do compress (0.66), and they are KBs a row. Inner chunks hold 8-64
-  rows (a power of two dividing ``shard_rows``), the largest that stays under :data:`TARGET_CHUNK_BYTES`
-  uncompressed. Capping at 64 rows keeps every chunk boundary on a 64-row grid, so a loader block of any multiple of
-  64 rows is aligned for every array.
+  the MLM top-k, scales): ids and sorted logits do compress (0.66), and they are KBs a row. Inner chunks of both
+  lz4 chains hold 8-64 rows (a power of two dividing ``shard_rows``), the largest that stays under
+  :data:`TARGET_CHUNK_BYTES` uncompressed. Capping at 64 rows keeps every chunk boundary on a 64-row grid, so a
+  loader block of any multiple of 64 rows is aligned for every array.
 * Sequence axes are padded to ``L = max_seq_len`` (pooled: ``ceil(L / pool)``); ``length`` (N,)
   int32 holds the real token count so readers can crop or mask.
 * ``attn_scores/L{j}`` marks masked (padding) query/key positions with :data:`ATTN_MASKED`
@@ -387,14 +387,12 @@ def codec_of(name: str) -> str:
 
 
 def inner_chunks(name: str, row_shape: tuple[int, ...], itemsize: int, shard_rows: int) -> tuple[int, ...]:
-    """The inner chunk shape of array ``name``: one row and a block of positions (``raw``), one row (``lz4``), or 8-64
-    whole rows (``lz4+shuffle``)."""
+    """The inner chunk shape of array ``name``: one row and a block of positions (``raw``), or 8-64 whole rows (``lz4``,
+    ``lz4+shuffle``: fewer, larger chunks cost less a byte; lz4 leaves the padding out whatever the chunk)."""
     codec = codec_of(name)
     if codec == RAW:
         block = position_block(row_shape[0], math.prod(row_shape[1:]) * itemsize)
         return (1, block, *row_shape[1:])
-    if codec == LZ4:
-        return (1, *row_shape)
     return (chunk_rows_for(math.prod(row_shape) * itemsize, shard_rows), *row_shape)
 
 
