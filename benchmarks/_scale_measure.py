@@ -50,7 +50,7 @@ STEP_NAMES = {
     "assemble": "shard assembly (row order, padding)",
     "checks": "writer: shape/range checks, casts",
     "encode": "writer: encode (frames, lz4, crc32c)",
-    "publish": "writer: writev + rename",
+    "publish": "writer: O_DIRECT segments + rename",
     "marker": "writer: marker (fsync)",
 }
 MAIN_THREAD = ("to_host", "assemble")

@@ -3,8 +3,8 @@
 A BERT-Large-shaped (or BERT-base) stand-in teacher (:mod:`distillpipe.teacher.standin`: real hooks, a
 forward that costs nothing) runs the real path: capture and pooling, host copy and checks, shard
 assembly, the writer's checks, encoding (:mod:`distillpipe.store.codec`: raw frames, lz4, crc32c),
-publishing (writev + rename), markers and manifest. For each signal set of the seed papers it measures, on this
-machine (``_scale_measure.py``):
+publishing (O_DIRECT segments + rename), markers and manifest. For each signal set of the seed papers it
+measures, on this machine (``_scale_measure.py``):
 
   1. CPU-seconds per 1,000 rows of each step, run one after the other in one process (so each step's
      CPU time, all threads included, is its own), and bytes per row captured and on disk;

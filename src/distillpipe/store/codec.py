@@ -16,10 +16,10 @@ that Zarr reads back what :meth:`ShardCodec.decode_rows` reads, so any Zarr read
 the reference.
 
 Only the layouts this store uses are handled: sharded along rows only; inner chunks of whole rows (``lz4+shuffle``)
-or of one row and a block of axis 1 (positions or heads: ``raw``, ``lz4``), every later axis whole; C order.
-Either way every inner chunk is one contiguous run of a shard's C-order rows, so a shard's chunks are a
-``(chunks, chunk bytes)`` view of its rows: a raw shard file is written from that view without a copy
-(:attr:`Encoded.pieces`, for ``os.writev``) and read back into the caller's array with one read.
+or of one row and a block of positions (``raw``), every later axis whole; C order. Either way every inner chunk is
+one contiguous run of a shard's C-order rows, so a shard's chunks are a ``(chunks, chunk bytes)`` view of its rows:
+a raw shard file's frames are gathered from that view in one numpy step per write segment (the writer's
+``_Segments``), and read back with one read, one crc32c pass (:func:`frames_check`) and one gather.
 :func:`check_supported` refuses anything else rather than write a file Zarr would read differently.
 
 The **file digest** (:attr:`Encoded.digest`, recorded in the shard's completion marker) is the crc32c of the
@@ -82,7 +82,7 @@ class Encoded:
         return self.order is not None
 
     def pieces(self) -> list[Any]:
-        """The file as a list of buffers, in order (for ``os.writev``)."""
+        """The file as a list of buffers, in order (for :meth:`to_bytes`)."""
         data = (self.chunks[k] for k in self.order) if self.raw else self.chunks
         out: list[Any] = []
         for d, c in zip(data, self.crcs):
