@@ -5,29 +5,58 @@ kill at any moment leaves either the old or the new checkpoint, never a torn one
 which stops the run with one message (the space needed and free). Only the newest ``keep`` files are kept.
 :func:`resume_or_restart` is the resume decision of every training loop: the newest checkpoint if the run
 that wrote it had the same identity, else a fresh start.
+
+No checkpoint is unpickled: a checkpoint holds tensors and plain Python values only (checked when it is
+saved) and is read with ``torch.load(weights_only=True)``, whose unpickler builds nothing else and calls
+nothing. A file it refuses is told apart by disassembling its pickle (:mod:`pickletools`: nothing imported or
+called): one written by an older distillpipe (numpy RNG states and scalars) starts the run over, naming why; one
+that asks for anything else is not a distillpipe checkpoint and stops the run (:class:`CheckpointRefused`); one
+that cannot be parsed at all is damaged, and the previous checkpoint is used.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import pickle
+import pickletools
 import re
+import zipfile
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from distillpipe.errors import DiskFull, disk_full_cause, free_space
+from distillpipe.errors import DiskFull, UserError, disk_full_cause, free_space
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d+)\.pt$")
+
+
+class CheckpointRefused(UserError):
+    """A checkpoint file that is not a plain-weights checkpoint: not loaded, and the run stops."""
+
+
+class OutdatedCheckpoint(Exception):
+    """A checkpoint of an older distillpipe, which a weights-only load refuses: the run starts over."""
+
+
+_PLAIN_LEAVES = (str, int, float, bool, type(None), bytes)
+_OLD_GLOBALS = {f"numpy.{core}.multiarray.{name}" for core in ("core", "_core") for name in ("_reconstruct", "scalar")}
+_OLD_GLOBALS |= {"numpy.ndarray", "numpy.dtype"}
+"""What checkpoints of distillpipe before weights-only loading held besides tensors: numpy's RNG state (an ndarray)
+and numpy scalars."""
+_STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
 
 
 def save_checkpoint(folder: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
     """Write ``state`` as ``<folder>/step-<step>.pt`` (temp file, fsync, rename), then drop all but the newest
     ``keep``. A full disk raises :class:`~distillpipe.errors.DiskFull` naming the file, the space it needs and the
     space free, and leaves the folder as it was (the partial file is removed; older checkpoints stay)."""
+    check_plain(state)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{step:09d}.pt"
@@ -51,6 +80,26 @@ def save_checkpoint(folder: str | Path, step: int, state: dict[str, Any], keep: 
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def check_plain(x: Any, where: str = "state") -> None:
+    """Raise TypeError unless ``x`` is tensors and plain Python values (str, int, float, bool, None, bytes) in dicts,
+    lists and tuples: what ``torch.load(weights_only=True)`` rebuilds. Exact types: a numpy float is a float
+    subclass that only a full unpickler rebuilds."""
+    if type(x) in _PLAIN_LEAVES or isinstance(x, torch.Tensor):
+        return
+    if type(x) in (dict, OrderedDict):
+        for k, v in x.items():
+            check_plain(k, f"{where} key {k!r}")
+            check_plain(v, f"{where}[{k!r}]")
+    elif type(x) in (list, tuple):
+        for i, v in enumerate(x):
+            check_plain(v, f"{where}[{i}]")
+    else:
+        raise TypeError(f"checkpoint {where} is a {type(x).__module__}.{type(x).__qualname__}: a checkpoint holds "
+                        "tensors and plain Python values only (str, int, float, bool, None in dicts, lists, tuples), "
+                        "so that it loads with torch.load(weights_only=True); convert it (e.g. float(x), "
+                        "torch.from_numpy(a))")
 
 
 def state_bytes(state: Any) -> int:
@@ -86,20 +135,84 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def load_latest(folder: str | Path) -> dict[str, Any] | None:
-    """The newest readable checkpoint in ``folder`` (stray ``*.partial`` files are removed), or None."""
+    """The newest readable checkpoint in ``folder`` (stray ``*.partial`` files are removed), or None. A damaged
+    file is skipped for the previous one; one of an older distillpipe raises :class:`OutdatedCheckpoint`, one that
+    is not a plain-weights checkpoint :class:`CheckpointRefused`."""
     folder = Path(folder)
     if folder.is_dir():
         for stray in folder.glob("*.partial"):
             stray.unlink(missing_ok=True)
     for path in reversed(list_checkpoints(folder)):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = read_checkpoint(path)
+        except (OutdatedCheckpoint, CheckpointRefused):
+            raise
         except Exception as e:  # a damaged file: fall back to the previous one, loudly
-            log.warning("checkpoint %s is unreadable (%s); trying an older one", path, e)
+            log.warning("checkpoint %s is unreadable (%s); trying an older one", path, str(e).splitlines()[0])
             continue
         log.info("found checkpoint %s", path)
         return state
     return None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``; when that refuses the file, why (see the module docstring)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        found, parsed = pickle_globals(path)
+        foreign = sorted(g for g in found if g not in _OLD_GLOBALS and not _torch_plain(g))
+        if not foreign and (not parsed or not isinstance(e, pickle.UnpicklingError)):
+            raise  # damaged: not a pickle, or a pickle whose tensors' records are missing
+        if not foreign and found & _OLD_GLOBALS:
+            raise OutdatedCheckpoint(f"checkpoint {path} was written by an older distillpipe (its RNG state is a numpy "
+                                     "object, which a weights-only load refuses)") from None
+        asks = ", ".join(foreign) if foreign else "objects a weights-only load refuses"
+        raise CheckpointRefused(
+            f"refusing checkpoint {path}: it is not a plain-weights checkpoint (its pickle asks for {asks}, which no "
+            "distillpipe checkpoint holds), so it was not loaded and no code in it ran. It is not a damaged file "
+            "(one of those is skipped for the previous checkpoint): something other than distillpipe wrote it, so "
+            f"check who can write to {path.parent}. Then delete the file, or the whole folder {path.parent} to start "
+            "the run over, and run the stage again") from None
+
+
+def _torch_plain(name: str) -> bool:
+    """Globals ``torch.save`` writes for tensors, storages and state dicts."""
+    return name.startswith("torch.") or name in ("collections.OrderedDict", "_codecs.encode")
+
+
+def pickle_globals(path: Path) -> tuple[set[str], bool]:
+    """(the ``module.name`` of every global the checkpoint's pickle would import, whether the pickle parsed to its
+    end), read by disassembling it with :mod:`pickletools`: nothing is imported or called. A ``torch.save`` file is
+    a zip whose ``data.pkl`` holds the pickle; any other file is read as a bare pickle. A name the pickle computes
+    (``STACK_GLOBAL`` from values not pushed as plain strings) is ``<computed>``."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+        else:
+            data = Path(path).read_bytes()
+    except Exception:
+        return set(), False
+    found: set[str] = set()
+    pushed: list[Any] = []  # what each opcode pushed, approximately: strings, and None for anything else
+    memo: dict[Any, Any] = {}
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            if op.name in ("GLOBAL", "INST"):
+                found.add(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL":
+                module, name = (pushed[-2:] if len(pushed) >= 2 else [None, None])
+                found.add(f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else "<computed>")
+            if op.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo[len(memo) if op.name == "MEMOIZE" else arg] = pushed[-1] if pushed else None
+            elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+                pushed.append(memo.get(arg))
+            elif op.name not in ("PROTO", "FRAME"):
+                pushed.append(arg if op.name in _STRING_OPS else None)
+    except Exception:
+        return found, False
+    return found, True
 
 
 def clear_checkpoints(folder: str | Path) -> None:
@@ -122,15 +235,22 @@ def resume_or_restart(folder: str | Path, identity: dict[str, Any] | str, *, key
     ``identity``: a dict of digests, whose changed fields are named; or one digest of everything, for which
     ``covers`` says what went into it. Under torchrun every process calls this: ``main`` (rank 0) warns and
     removes, after ``barrier`` has let every process read the checkpoint."""
-    state = load_latest(folder)
+    try:
+        state = load_latest(folder)
+    except OutdatedCheckpoint as e:
+        return _restart(folder, str(e), main, barrier)
     if state is None:
         return None
     old = state.get(key)
     changed = identity_changes(old, identity) if isinstance(identity, dict) else [] if old == identity else [covers]
     if not changed:
         return state
+    return _restart(folder, f"checkpoint in {folder} was made with other {', '.join(changed)}", main, barrier)
+
+
+def _restart(folder: str | Path, why: str, main: bool, barrier: Callable[[], None] | None) -> None:
     if main:
-        log.warning("checkpoint in %s was made with other %s: starting over", folder, ", ".join(changed))
+        log.warning("%s: starting over", why)
     if barrier is not None:
         barrier()  # every process has read it before the main one removes it
     if main:

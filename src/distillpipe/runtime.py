@@ -47,15 +47,26 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain Python values: a checkpoint holding it loads with
+    ``torch.load(weights_only=True)`` (numpy's own state holds an ndarray, which that load refuses)."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state = {"python": {"version": version, "state": list(internal), "gauss": gauss},
+             "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),  # (624,) uint32 values
+                       "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                       "gauss": float(np_state["gauss"])},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore what :func:`rng_state` returned."""
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    np.random.set_state({"bit_generator": "MT19937", "has_gauss": npy["has_gauss"], "gauss": npy["gauss"],
+                         "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]}})
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
