@@ -148,7 +148,8 @@ def load_latest(folder: str | Path) -> dict[str, Any] | None:
         except (OutdatedCheckpoint, CheckpointRefused):
             raise
         except Exception as e:  # a damaged file: fall back to the previous one, loudly
-            log.warning("checkpoint %s is unreadable (%s); trying an older one", path, str(e).splitlines()[0])
+            log.warning("checkpoint %s is unreadable (%s); trying an older one", path,
+                        (str(e).splitlines() or [type(e).__name__])[0])
             continue
         log.info("found checkpoint %s", path)
         return state

@@ -2,6 +2,8 @@
 general-distilled student, it early-stops, and a SIGKILLed run resumes to the same weights."""
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +260,42 @@ def test_full_disk_at_a_checkpoint_stops_with_exit_2_and_resumes_to_the_same_wei
     b = torch.load(out / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert live_files(tmp_path / "ref.live") == live_files(tmp_path / "res.live")
+
+
+def test_full_disk_writing_the_student_stops_with_exit_2_and_leaves_no_student(toy, tmp_path, monkeypatch, caplog):
+    """The disk fills up while the final model.pt is written: one `error:` line with the space its weights need and
+    the space free, exit 2, no folder that looks like a student; the checkpoints stay, and once there is room the
+    same command resumes from the last one and writes the student."""
+    from _fulldisk import FullDisk
+    from typer.testing import CliRunner
+
+    from distillpipe.cli import app
+
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER, "runs": {
+        "toy-run": _cls_run(optim=_optim(epochs=1, checkpoint_every=4))}}})
+    out = tmp_path / "res"
+    args = ["train", "--run", "toy-run", "--tokens", str(toy["cls"]), "--teacher-cache", str(toy["cls_store"]),
+            "--prepared", str(toy["cls"]), "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live",
+            "--params", str(params)]
+    with monkeypatch.context() as m:
+        disk = FullDisk(tmp_path / "res.partial", 4096).install(m)  # only the student's folder is short of space
+        res = CliRunner().invoke(app, args)
+    assert disk.failed == [str(out.with_name("res.partial") / "model.pt")]
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.stderr
+    assert errors[0].startswith(f"error: no space left on device writing the student {out / 'model.pt'}: its weights "
+                                "need ~") and " MB is free on " in errors[0], errors[0]
+    need = float(re.search(r"need ~([\d.,]+) MB", errors[0]).group(1).replace(",", ""))
+    assert not out.exists() and not out.with_name("res.partial").exists()  # nothing that looks like a student
+    assert [p.name for p in Path(f"{out}.ckpt").iterdir()] != []  # the resume point is kept
+    with caplog.at_level(logging.INFO):
+        res = CliRunner().invoke(app, args)  # the space is back
+    assert res.exit_code == 0, res.output
+    assert "resuming toy-run at step 12/12" in caplog.text
+    load_student(out, torch.device("cpu"))
+    assert need == pytest.approx((out / "model.pt").stat().st_size / 1e6, rel=0.1, abs=0.05)
+    assert not Path(f"{out}.ckpt").exists() or not list(Path(f"{out}.ckpt").iterdir())
 
 
 def _unlabeled_copy(toy, root):

@@ -26,6 +26,7 @@ import torch
 
 from distillpipe.config.base import ConfigError, build
 from distillpipe.config.students import CMOWHybridConfig, ElmoConfig, HeadConfig, MiniALBERTConfig, WaLDORfConfig
+from distillpipe.errors import DiskFull, disk_full_cause, free_space
 from distillpipe.students.base import StudentOutput, TaskSpec
 
 STUDENTS: dict[str, tuple[type, str]] = {
@@ -56,15 +57,31 @@ def build_student(cfg: Any, task: TaskSpec) -> torch.nn.Module:
 
 
 def save_student(out_dir: str | Path, model: torch.nn.Module, cfg: Any, task: TaskSpec, record: dict) -> None:
-    """Write the student atomically (a folder renamed into place)."""
+    """Write the student atomically (a folder renamed into place). A full disk raises
+    :class:`~distillpipe.errors.DiskFull` naming the file, the space its weights need and the space free, and leaves
+    no folder that looks written (the partial one is removed; a previous student at ``out_dir`` stays as it was)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    torch.save(state, tmp / WEIGHTS_FILE)
-    meta = {"model": dataclasses.asdict(cfg), "task": dataclasses.asdict(task), "record": record}
-    (tmp / RECORD_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    try:
+        tmp.mkdir(parents=True)
+        with open(tmp / WEIGHTS_FILE, "wb") as f:  # a file object: torch.save to a path hides a full disk's errno
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = {"model": dataclasses.asdict(cfg), "task": dataclasses.asdict(task), "record": record}
+        (tmp / RECORD_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full_cause(e) is None:
+            raise
+        need = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in state.values()}.values())
+        where, free = free_space(out_dir)
+        raise DiskFull(f"no space left on device writing the student {out_dir / WEIGHTS_FILE}: its weights need "
+                       f"~{need / 1e6:,.1f} MB and {free / 1e6:,.1f} MB is free on {where}. Free that much there (or "
+                       "point --out at a larger disk), then run the stage again: it resumes from its newest "
+                       "checkpoint, kept until the student is written") from e
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
 
