@@ -29,3 +29,22 @@ def kill_mid_shard(shard: int, flag: str) -> None:
 
 def pid() -> int:
     return os.getpid()
+
+
+def fill_disk(root: str, budget: int, tests_dir: str) -> None:
+    """Give this worker process a disk that is full once ``budget`` bytes are written under ``root``
+    (tests/_fulldisk.py: a write that crosses it writes what fits and raises ENOSPC), until the worker ends."""
+    import sys
+
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    from _fulldisk import FullDisk
+
+    FullDisk(root, budget).__enter__()
+
+
+def disk_failed() -> list[str]:
+    """The files whose write found this worker's disk (:func:`fill_disk`) full."""
+    import builtins
+
+    return list(builtins.open.__self__.failed)

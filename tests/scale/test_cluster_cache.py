@@ -76,6 +76,43 @@ def test_worker_killed_mid_shard_is_replaced_and_the_store_is_identical(tiny, tm
     assert tree(tmp_path / "s.zarr") == tree(tiny["reference"])
 
 
+@pytest.mark.slow  # ~30 s: a worker process loading the teacher (the in-process full disk: tests/teacher/)
+def test_full_disk_on_a_worker_ends_in_one_error_line_and_exit_2(tiny, tmp_path):
+    """The disk fills up under the dask workers half-way through a shard: the worker's ENOSPC reaches the driver,
+    which ends with exit 2 and one `error:` line naming the space the unfinished shards need and the space free; no
+    partly written shard is marked; once there is room the build resumes to the bytes of one that never stopped."""
+    from typer.testing import CliRunner
+
+    from distillpipe.cli import app
+    from distillpipe.store.shards import read_marker
+
+    out, params = tmp_path / "s.zarr", _params(tmp_path)
+    shard_bytes = sum(rec["size"] for rec in read_marker(tiny["reference"], 0)["files"].values() if rec)
+    args = ["teacher-cache", "--dataset", "toy", "--tokens", str(tiny["tokens"]), "--teacher", str(tiny["base"]),
+            "--out", str(out), "--params", str(params)]
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            distributed.Client(lc) as client:
+        # the worker can write one shard and half of the next one
+        client.run(_dask_hooks.fill_disk, str(out), shard_bytes * 3 // 2, str(Path(__file__).parents[1]))
+        env = {"DISTILLPIPE_MACHINE": str(Path(__file__).parent / "_empty_machine.yaml"),
+               "DISTILLPIPE_SCHEDULER": lc.scheduler_address}
+        res = CliRunner().invoke(app, args, env=env)
+        failed = [f for files in client.run(_dask_hooks.disk_failed).values() for f in files]
+    assert failed and all(Path(f).is_relative_to(out) for f in failed)  # the workers' disk did fill up
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: no space left on device writing "), res.stderr
+    assert f"the teacher cache {out} needs ~" in errors[0] and "unfinished shard(s) of 7" in errors[0], errors[0]
+    assert " is free on its disk" in errors[0] and "dvc repro teacher_cache@toy" in errors[0], errors[0]
+    marked = {int(p.stem) for p in (out / "shards_done").glob("*.json")}
+    assert len(marked) <= 1  # one whole shard fitted: the one cut half-way does not count as written
+    st = open_store(out, allow_incomplete=True)
+    assert set(st.manifest.completed_shards) <= marked and st.verify(checksum=True) == {}
+    build_on(tiny, out, None)  # the space is back (in this process)
+    assert not list(out.rglob("*.partial"))
+    assert tree(out) == tree(tiny["reference"])
+
+
 @pytest.fixture
 def external_cluster(tmp_path):
     """`dask scheduler` and one `dask worker` as subprocesses on localhost, as a user starts them."""
