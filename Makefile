@@ -40,10 +40,12 @@ GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=$(CURDIR)/src:$(CURDIR)/benchmarks$${PYTHONPATH:+:$$PYTHONPATH} HF_HUB_OFFLINE=1 $(GPU_PY) benchmarks/gpu_check.py
 
-# dvc.yaml's code deps from the imports (after adding an import or a module), and params.yaml in the style
-# `dvc exp run -S` writes it (after editing it by hand): docs/code-deps.md. Tests fail until both are run.
+# The stages' code fingerprints (fingerprints/, git-tracked; `dvc repro` writes them too) and dvc.yaml's code deps
+# on them (after adding a stage), and params.yaml in the style `dvc exp run -S` writes it (after editing it by hand):
+# docs/code-deps.md. Tests fail until these are run.
 deps: setup
 	$(VENV)/bin/distillpipe dvc-deps
+	$(VENV)/bin/distillpipe fingerprint
 
 params-style: setup
 	$(VENV)/bin/distillpipe params-style

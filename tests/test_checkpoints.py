@@ -154,7 +154,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     assert f"checkpoint {path} is unreadable" in caplog.text and "trying an older one" in caplog.text
 
 
-IDENTITY = {"params": "p1", "tokens": "t1", "code": "c1"}
+IDENTITY = {"params": "p1", "tokens": "t1", "code": "ast-v1:c1"}
 
 
 def test_a_checkpoint_of_the_same_identity_is_resumed(tmp_path):
@@ -167,7 +167,7 @@ def test_a_checkpoint_of_the_same_identity_is_resumed(tmp_path):
 
 
 def test_another_identity_starts_over_naming_what_changed(tmp_path, caplog):
-    save_checkpoint(tmp_path, 5, {"identity": {**IDENTITY, "tokens": "t0", "code": "c0"}, "step": 5})
+    save_checkpoint(tmp_path, 5, {"identity": {**IDENTITY, "tokens": "t0", "code": "ast-v1:c0"}, "step": 5})
     with caplog.at_level(logging.WARNING):
         assert resume_or_restart(tmp_path, IDENTITY, key="identity") is None
     assert f"checkpoint in {tmp_path} was made with other tokens, code: starting over" in caplog.text
@@ -180,6 +180,20 @@ def test_a_digest_identity_names_what_it_covers(tmp_path, caplog):
         assert resume_or_restart(tmp_path, "new", key="run_id", covers="params, data or code") is None
     assert "was made with other params, data or code: starting over" in caplog.text
     assert list_checkpoints(tmp_path) == []
+
+
+def test_a_checkpoint_whose_code_was_identified_by_bytes_starts_over_once_saying_why(tmp_path, caplog):
+    """Checkpoints from before code fingerprints by meaning hold a bare sha256 of the files' bytes."""
+    from distillpipe.identity import code_identity, stage_code
+    from distillpipe.train.build import CODE_STAGES
+
+    new = {**IDENTITY, "code": code_identity(stage_code(*CODE_STAGES, student="waldorf"))}
+    save_checkpoint(tmp_path, 5, {"identity": {**IDENTITY, "code": "4c5c" * 16}, "step": 5})
+    with caplog.at_level(logging.WARNING):
+        assert resume_or_restart(tmp_path, new, key="identity") is None
+    assert "made with other code (identified by its files' bytes before code fingerprints by meaning" in caplog.text
+    save_checkpoint(tmp_path, 6, {"identity": new, "step": 6})
+    assert resume_or_restart(tmp_path, new, key="identity")["step"] == 6
 
 
 def test_a_checkpoint_without_identity_is_from_an_older_version(tmp_path, caplog):

@@ -1,11 +1,12 @@
-"""dvc.yaml's code deps are exactly what each stage imports, and ``distillpipe dvc-deps`` writes them.
+"""dvc.yaml's code deps are each stage's fingerprint file, which covers exactly what the stage imports, and
+``distillpipe dvc-deps`` / ``distillpipe fingerprint`` write them.
 
-A stage that imports a project file it does not depend on is not re-run when that file changes (a stale
-output that looks fresh); a stage that depends on a file it does not import re-runs for nothing (an edit
-to one student architecture re-running every student). The import closure is read from the source
+A stage whose fingerprint misses a project file it imports is not re-run when that file changes (a stale output
+that looks fresh); one that covers a file it does not import re-runs for nothing (an edit to one student
+architecture re-running every student). The import closure is read from the source
 (distillpipe.identity.import_closure), checked here against Python's own import system; a stage that builds
 students depends on the shared student code and on its item's own architecture only
-(``src/distillpipe/students/${item.model.student}.py``), checked against DVC's own ``dvc status``."""
+(``fingerprints/students/${item.model.student}.json``), checked against DVC's own templating and ``dvc status``."""
 
 import json
 import re
@@ -21,17 +22,20 @@ from typer.testing import CliRunner
 from distillpipe.cli import app
 from distillpipe.commands.dvc_deps import DepsError, generate
 from distillpipe.config.students import ARCHITECTURES
+from distillpipe.fingerprints import CodeLayoutError, documents, stale
 from distillpipe.identity import import_closure
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = re.compile(r"\bpython3?\s+(?:-m\s+(stages\.\w+)|(stages/\w+\.py))")
 ARCH = re.compile(r"\$\{item(?:\.\w+)+\}")
+_DOCUMENTS: dict = {}
 
 
 def stage_templates() -> dict[str, dict]:
-    """Each stage (a foreach group counts once) as written in dvc.yaml, before templating."""
+    """Each stage (a foreach group counts once) as written in dvc.yaml, before templating; not the fingerprint
+    stage, which depends on the source itself."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    return {name: s.get("do", s) for name, s in stages.items()}
+    return {name: s.get("do", s) for name, s in stages.items() if name != "fingerprint"}
 
 
 def stage_script(stage: dict) -> Path:
@@ -42,25 +46,30 @@ def stage_script(stage: dict) -> Path:
 
 def architecture_dep(stage: dict) -> str | None:
     """The stage's one interpolated code dep (its item's architecture), if it has one."""
-    found = [d for d in stage.get("deps", []) if d.startswith("src/") and ARCH.search(d)]
+    found = [d for d in stage.get("deps", []) if d.startswith("fingerprints/") and ARCH.search(d)]
     assert len(found) <= 1, found
     return found[0] if found else None
 
 
 def code_deps(stage: dict, architecture: str | None = None) -> set[str]:
-    """The stage's deps under src/ for an item of ``architecture``, folders expanded to every file DVC hashes in
-    them (all but __pycache__), whatever their kind: a folder dep holding a file the stage does not import is a
-    dep on that file."""
+    """The source files the stage's deps stand for, for an item of ``architecture``: the files its fingerprint
+    files cover, as ``distillpipe fingerprint`` writes them for the working tree now. A dep on the source itself
+    counts as such too (none should be left)."""
+    if "docs" not in _DOCUMENTS:
+        _DOCUMENTS["docs"] = documents(ROOT)
     out: set[str] = set()
     for d in stage.get("deps", []):
-        if not d.startswith("src/"):
-            continue
+        if not d.startswith(("fingerprints/", "src/", "stages")):
+            continue  # data
         if ARCH.search(d):
             assert architecture is not None, f"{d}: which architecture?"
             d = ARCH.sub(architecture, d)
-        p = ROOT / d
-        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-        out.update(f.relative_to(ROOT).as_posix() for f in files if "__pycache__" not in f.parts)
+        if d.startswith("fingerprints/"):
+            out.update(json.loads(_DOCUMENTS["docs"][d])["files"])
+        elif d.startswith(("src/", "stages/")):
+            p = ROOT / d
+            files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+            out.update(f.relative_to(ROOT).as_posix() for f in files if "__pycache__" not in f.parts)
     return out
 
 
@@ -83,6 +92,21 @@ def test_dvc_yaml_is_what_the_generator_writes():
     assert text == (ROOT / "dvc.yaml").read_text()
 
 
+def test_the_committed_fingerprints_are_the_codes():
+    """fingerprints/ is git-tracked: what a commit holds there is what its code means (`make deps` writes it; a
+    `dvc repro` would too)."""
+    assert stale(ROOT, ROOT / "fingerprints") == [], "run `distillpipe fingerprint` (make deps)"
+
+
+def test_only_the_fingerprint_stage_depends_on_the_source():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert stages["fingerprint"]["deps"] == ["stages", "src/distillpipe"]
+    assert stages["fingerprint"]["outs"] == [{"fingerprints": {"cache": False}}]
+    for name, stage in stage_templates().items():
+        source = [d for d in stage["deps"] if d.startswith(("src/", "stages"))]
+        assert not source, f"{name} depends on source files {source}: DVC would re-run it for a comment"
+
+
 def test_every_stage_item_depends_on_exactly_the_project_files_it_imports():
     """Independent of the generator: each stage, and for a stage that builds students each architecture its item
     may name, against the closure computed directly (script + that architecture's module)."""
@@ -90,10 +114,8 @@ def test_every_stage_item_depends_on_exactly_the_project_files_it_imports():
     for name, stage in stage_templates().items():
         script = stage_script(stage)
         rel = script.relative_to(ROOT).as_posix()
-        if rel not in stage.get("deps", []):
-            problems.append(f"{name}: runs {rel} but does not depend on it")
         for arch in ARCHITECTURES if architecture_dep(stage) else [None]:
-            have, need = code_deps(stage, arch), imported(script, arch)
+            have, need = code_deps(stage, arch), imported(script, arch) | {rel}
             who = f"{name} ({arch})" if arch else name
             problems += [f"{who}: imports {f} but does not depend on it" for f in sorted(need - have)]
             problems += [f"{who}: depends on {f} but does not import it" for f in sorted(have - need)]
@@ -106,32 +128,60 @@ def test_stages_that_build_students_name_their_architecture_and_no_other():
     builders = {n for n, s in stage_templates().items() if architecture_dep(s)}
     assert builders == {"train", "train_aug", "train_lm", "finetune", "evaluate", "speed"}
     for name, stage in stage_templates().items():
-        held = {a for a in ARCHITECTURES if f"src/distillpipe/students/{a}.py" in code_deps(stage, "__none__")}
+        shared = {**stage, "deps": [d for d in stage["deps"] if not ARCH.search(d)]}
+        held = {a for a in ARCHITECTURES if f"src/distillpipe/students/{a}.py" in code_deps(shared)}
         assert not held, f"{name} depends on {held} whatever its item"
 
 
-def test_the_static_closure_holds_every_module_python_really_imports():
-    """Independent reference: import each stage script's modules in a fresh interpreter and list the
-    project modules in sys.modules. The static closure may hold more (function-local imports that did
-    not run), never less; and no architecture is imported until a student is built."""
-    def loaded(code: str) -> set[str]:
-        code += ("\nimport json, sys\nprint(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-                 "      if n.split('.')[0] == 'distillpipe' and getattr(m, '__file__', None))))\n")
-        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-        return {Path(f).resolve().relative_to(ROOT).as_posix() for f in json.loads(res.stdout.splitlines()[-1])}
+_FORKED_IMPORTS = """
+import ast, importlib, json, os, sys
+for lib in ("numpy", "torch", "transformers", "datasets", "pyarrow", "zarr", "typer", "yaml", "sklearn", "scipy",
+            "dask.distributed", "dvclive", "numcodecs", "tqdm", "tokenizers", "gensim"):
+    try:  # third-party libraries first, once: each child below then imports only the project's modules
+        importlib.import_module(lib)
+    except ImportError:
+        pass
+assert not [n for n in sys.modules if n.split(".")[0] == "distillpipe"]
+found = {}
+for name, script in json.loads(sys.argv[1]).items():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fresh child per stage: the project modules its script's imports load, and nothing before
+        os.close(read)
+        for node in ast.parse(open(script).read()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                exec(compile(ast.Module([node], []), "stage", "exec"))
+        files = sorted(m.__file__ for n, m in sys.modules.items()
+                       if n.split(".")[0] == "distillpipe" and getattr(m, "__file__", None))
+        os.write(write, json.dumps(files).encode())
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 1 << 16):
+        chunks.append(chunk)
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0, name
+    found[name] = json.loads(b"".join(chunks))
+print(json.dumps(found))
+"""
 
+
+def test_the_static_closure_holds_every_module_python_really_imports():
+    """Independent reference: import each stage script's modules in a fresh interpreter (a child forked from one
+    that has loaded the third-party libraries and no project module) and list the project modules in sys.modules.
+    The static closure may hold more (function-local imports that did not run), never less; and no architecture is
+    imported until a student is built."""
+    scripts = {name: str(stage_script(stage)) for name, stage in stage_templates().items()}
+    res = subprocess.run([sys.executable, "-c", _FORKED_IMPORTS, json.dumps(scripts)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    loaded = json.loads(res.stdout.splitlines()[-1])
+    assert set(loaded) == set(scripts)
     arch_files = {f"src/distillpipe/students/{a}.py" for a in ARCHITECTURES}
-    for name, stage in stage_templates().items():
-        script = stage_script(stage)
-        code = (
-            "import ast\n"
-            f"tree = ast.parse(open({str(script)!r}).read())\n"
-            "for node in tree.body:\n"
-            "    if isinstance(node, (ast.Import, ast.ImportFrom)):\n"
-            "        exec(compile(ast.Module([node], []), 'stage', 'exec'))\n"
-        )
-        got = loaded(code)
-        missing = got - imported(script)
+    for name, files in loaded.items():
+        got = {Path(f).resolve().relative_to(ROOT).as_posix() for f in files}
+        assert "src/distillpipe/__init__.py" in got, name  # the child really imported the stage
+        missing = got - imported(Path(scripts[name]))
         assert not missing, f"{name}: Python imports {sorted(missing)}, the static closure misses them"
         assert not got & arch_files, f"{name}: importing the stage loads {sorted(got & arch_files)}"
     # building a student loads its architecture and no other (one interpreter: what each build adds to sys.modules)
@@ -148,6 +198,8 @@ def test_the_static_closure_holds_every_module_python_really_imports():
         assert got & arch_files == {f"src/distillpipe/students/{arch}.py"}, (arch, sorted(got & arch_files))
         missing = got - _rel(import_closure([f"distillpipe.students.{arch}"], package_dir=ROOT / "src" / "distillpipe"))
         assert not missing, f"{arch}: Python imports {sorted(missing)}, the static closure misses them"
+
+
 
 
 def test_only_the_students_registry_imports_project_modules_by_name():
@@ -175,7 +227,8 @@ def test_registry_keys_are_the_architecture_modules():
 
 @pytest.fixture
 def copy(tmp_path) -> Path:
-    """dvc.yaml, stages/ and src/ of this working tree, where the generator reads them."""
+    """dvc.yaml, stages/ and src/ of this working tree, where the generator and the fingerprint command read
+    them."""
     for rel in ("stages", "src"):
         shutil.copytree(ROOT / rel, tmp_path / rel, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
@@ -189,20 +242,20 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 
 def test_generator_rewrites_drifted_deps_and_keeps_everything_else(copy):
-    """A dep dropped, a stale one added, a folder written out as files: the generator restores the very bytes of
-    dvc.yaml (comments, data deps, params, outs untouched), and ``--check`` names each drift and exits 1."""
+    """A fingerprint dep dropped, a source file added, an architecture line in its form before fingerprints: the
+    generator restores the very bytes of dvc.yaml (comments, data deps, params, outs untouched), and ``--check``
+    names each drift and exits 1."""
     original = (copy / "dvc.yaml").read_text()
-    _edit(copy / "dvc.yaml", "\n      - src/distillpipe/evaluate/tables.py\n", "\n")  # report
-    _edit(copy / "dvc.yaml", "\n        - src/distillpipe/teacher/importer.py\n",
-          "\n        - src/distillpipe/teacher/importer.py\n        - src/distillpipe/losses.py\n")
-    _edit(copy / "dvc.yaml", "\n      - src/distillpipe/data/sources\n",  # augment
-          "\n" + "".join(f"      - src/distillpipe/data/sources/{p.name}\n"
-                         for p in sorted((copy / "src/distillpipe/data/sources").glob("*.py"))))
+    _edit(copy / "dvc.yaml", "\n      - fingerprints/report.json\n", "\n")  # report
+    _edit(copy / "dvc.yaml", "\n        - fingerprints/teacher_import.json\n",
+          "\n        - fingerprints/teacher_import.json\n        - src/distillpipe/losses.py\n")
+    _edit(copy / "dvc.yaml", "- fingerprints/train.json\n        - fingerprints/students/${item.model.student}.json\n",
+          "- fingerprints/train.json\n        - src/distillpipe/students/${item.model.student}.py\n")
     res = CliRunner().invoke(app, ["dvc-deps", "--check", "--dvc-yaml", str(copy / "dvc.yaml")])
     assert res.exit_code == 1, res.output
-    assert "report:\n  + src/distillpipe/evaluate/tables.py" in res.output, res.output
+    assert "report:\n  + fingerprints/report.json" in res.output, res.output
     assert "teacher_import:\n  - src/distillpipe/losses.py" in res.output, res.output
-    assert "augment:\n  - src/distillpipe/data/sources/__init__.py" in res.output, res.output
+    assert "train:\n  - src/distillpipe/students/${item.model.student}.py\n  + fingerprints/students/" in res.output
     res = CliRunner().invoke(app, ["dvc-deps", "--dvc-yaml", str(copy / "dvc.yaml")])
     assert res.exit_code == 0, res.output
     assert (copy / "dvc.yaml").read_text() == original
@@ -210,37 +263,95 @@ def test_generator_rewrites_drifted_deps_and_keeps_everything_else(copy):
     assert res.exit_code == 0, res.output
 
 
-def test_a_folder_dep_only_while_every_file_in_it_is_imported(copy):
-    (copy / "src/distillpipe/data/sources/scratch.py").write_text("x = 1\n")  # imported by no stage
+def test_a_dvc_yaml_of_source_deps_gets_the_fingerprint_stage(copy):
+    """A pipeline from before fingerprints (every stage on its source files, no fingerprint stage): the generator
+    adds the stage first and turns every stage's source deps into its fingerprint file; DVC reads the result."""
+    from dvc.repo import Repo
+
+    doc = yaml.safe_load((copy / "dvc.yaml").read_text())
+    del doc["stages"]["fingerprint"]
+    body = doc["stages"]["train"]["do"]
+    body["deps"] = [d for d in body["deps"] if not d.startswith("fingerprints/")] + [
+        "stages/train.py", "src/distillpipe/losses.py", "src/distillpipe/students/${item.model.student}.py"]
+    (copy / "dvc.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     text, drift = generate(copy / "dvc.yaml")
-    assert "src/distillpipe/data/sources\n" not in text
-    assert set(drift) == {"prepare", "prepare_local", "augment"}
-    for _, added in drift.values():
-        assert "src/distillpipe/data/sources/wiki.py" in added
-        assert "src/distillpipe/data/sources/scratch.py" not in added
+    assert drift["fingerprint"] == ([], ["stages", "src/distillpipe"])
+    assert drift["train"] == (["stages/train.py", "src/distillpipe/losses.py",
+                               "src/distillpipe/students/${item.model.student}.py"],
+                              ["fingerprints/train.json", "fingerprints/students/${item.model.student}.json"])
+    new = yaml.safe_load(text)["stages"]
+    assert list(new)[0] == "fingerprint" and new["fingerprint"]["outs"] == [{"fingerprints": {"cache": False}}]
+    (copy / "dvc.yaml").write_text(text)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=copy, check=True)
+    shutil.copy(ROOT / "params.yaml", copy / "params.yaml")
+    with Repo(str(copy)) as repo:
+        train = next(s for s in repo.index.stages if s.name == "train@hybrid")
+        fp = next(s for s in repo.index.stages if s.name == "fingerprint")
+        assert [str(d.def_path) for d in train.deps if str(d.def_path).startswith("fingerprints/")] == [
+            "fingerprints/train.json", "fingerprints/students/cmow_hybrid.json"]
+        import networkx as nx
+
+        assert nx.has_path(repo.index.graph, train, fp)  # DVC's DAG: train comes after fingerprint
 
 
-def test_generator_refuses_an_architecture_spread_over_two_files(copy):
-    """An item can name one file of its architecture: a helper only WaLDORf imports would be a dep no stage item
-    could name, so the generator says to keep it in waldorf.py."""
+def test_a_module_changes_exactly_the_fingerprints_of_the_stages_that_import_it(copy):
+    """A module no stage imports changes no fingerprint file; the same module imported by the data sources changes
+    the files of exactly the scripts whose closure holds the sources (prepare and augment), and a comment in it
+    then changes none."""
+    before = documents(copy)
+    (copy / "src/distillpipe/data/sources/scratch.py").write_text("X = 1\n")
+    assert documents(copy) == before
+    _edit(copy / "src/distillpipe/data/sources/__init__.py", "from __future__ import annotations\n",
+          "from __future__ import annotations\n\nfrom distillpipe.data.sources import scratch  # noqa: F401\n")
+    after = documents(copy)
+    changed = sorted(k for k in before if before[k] != after[k])
+    holders = sorted(f"fingerprints/{Path(s).stem}.json" for s in (copy / "stages").glob("*.py")
+                     if "src/distillpipe/data/sources/__init__.py" in
+                     {p.relative_to(copy).as_posix() for p in import_closure(
+                         scripts=[s], package_dir=copy / "src" / "distillpipe")})
+    assert changed == holders and "fingerprints/augment.json" in changed and "fingerprints/train.json" not in changed
+    assert all("src/distillpipe/data/sources/scratch.py" in json.loads(after[k])["files"] for k in changed)
+    (copy / "src/distillpipe/data/sources/scratch.py").write_text('"""Scratch."""\n\n# one\nX = (1)  # two\n')
+    assert documents(copy) == after
+
+
+def test_fingerprints_refuse_an_architecture_spread_over_two_files(copy):
+    """An item can name one file of its architecture: a helper only WaLDORf imports would be code no stage item
+    could name, so the fingerprint stage says to keep it in waldorf.py."""
     (copy / "src/distillpipe/students/waldorf_util.py").write_text("X = 1\n")
     _edit(copy / "src/distillpipe/students/waldorf.py", "import math\n",
           "import math\n\nfrom distillpipe.students import waldorf_util  # noqa: F401\n")
-    with pytest.raises(DepsError, match=r"'waldorf' imports \['src/distillpipe/students/waldorf_util.py'\] besides"):
-        generate(copy / "dvc.yaml")
+    with pytest.raises(CodeLayoutError,
+                       match=r"'waldorf' imports \['src/distillpipe/students/waldorf_util.py'\] besides"):
+        documents(copy)
 
 
 def test_generator_asks_for_the_architecture_line_where_it_belongs(copy):
     dvc = copy / "dvc.yaml"
     text = dvc.read_text()
-    dvc.write_text(text.replace("        - src/distillpipe/students/${item.student}.py\n", ""))
-    with pytest.raises(DepsError, match=r"stage finetune imports the students registry .* add `- src/distillpipe/"
-                                        r"students/\$\{item.<key>\}.py`"):
+    dvc.write_text(text.replace("        - fingerprints/students/${item.student}.json\n", ""))
+    with pytest.raises(DepsError, match=r"stage finetune imports the students registry .* add `- fingerprints/"
+                                        r"students/\$\{item.<key>\}.json`"):
         generate(dvc)
-    line = "        - stages/tokenize.py\n"
-    dvc.write_text(text.replace(line, line + "        - src/distillpipe/students/${item.student}.py\n"))
+    line = "        - fingerprints/tokenize.json\n"
+    dvc.write_text(text.replace(line, line + "        - fingerprints/students/${item.student}.json\n"))
     with pytest.raises(DepsError, match="stage tokenize depends on .* but it does not import the students registry"):
         generate(dvc)
+
+
+def test_the_fingerprint_command_writes_and_checks(copy):
+    out = copy / "fingerprints"
+    res = CliRunner().invoke(app, ["fingerprint", "--root", str(copy), "--out", str(out), "--check"])
+    assert res.exit_code == 1 and "out of date" in res.output, res.output
+    res = CliRunner().invoke(app, ["fingerprint", "--root", str(copy), "--out", str(out)])
+    assert res.exit_code == 0 and ": changed fingerprints/" in res.output and "fingerprints/train.json" in res.output
+    assert {p.relative_to(copy).as_posix(): p.read_text() for p in out.rglob("*.json")} == documents(copy)
+    res = CliRunner().invoke(app, ["fingerprint", "--root", str(copy), "--out", str(out)])
+    assert res.exit_code == 0 and "no stage's code changed meaning" in res.output, res.output
+    (out / "gone.json").write_text("{}")  # a script that no longer exists
+    res = CliRunner().invoke(app, ["fingerprint", "--root", str(copy), "--out", str(out)])
+    assert "removed fingerprints/gone.json" in res.output and not (out / "gone.json").exists(), res.output
 
 
 # -- in a real DVC repository ----------------------------------------------------------------------------------
@@ -262,7 +373,7 @@ def test_dvc_resolves_each_student_stage_to_its_own_architecture():
     from dvc.repo import Repo
 
     arch = _architectures_of_runs(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    files = {f"src/distillpipe/students/{a}.py": a for a in ARCHITECTURES}
+    files = {f"fingerprints/students/{a}.json": a for a in ARCHITECTURES}
     seen = set()
     with Repo(str(ROOT)) as repo:
         for stage in repo.index.stages:
@@ -276,23 +387,26 @@ def test_dvc_resolves_each_student_stage_to_its_own_architecture():
     assert seen == set(ARCHITECTURES)
 
 
-@pytest.mark.slow  # ~3 min of `dvc commit` and `dvc status` over the whole pipeline; fast, the same property:
-# test_dvc_resolves_each_student_stage_to_its_own_architecture (DVC's resolver) and
-# test_every_stage_item_depends_on_exactly_the_project_files_it_imports
+@pytest.mark.slow  # ~3 min of `dvc commit`, `dvc repro fingerprint` and `dvc status` over the whole pipeline; fast,
+# the same property: test_dvc_resolves_each_student_stage_to_its_own_architecture (DVC's resolver),
+# test_every_stage_item_depends_on_exactly_the_project_files_it_imports and tests/test_dvc_trust.py
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 def test_an_edit_to_one_architecture_makes_dvc_status_list_only_its_stages(tmp_path):
     """This working tree's pipeline, with every stage recorded in dvc.lock as run (``dvc commit`` over stand-ins for
     the data and the outputs: which stages DVC calls stale depends on the deps' hashes only). A comment added to
-    one architecture's file makes ``dvc status`` list exactly the stages of that architecture's runs (train,
-    train_aug, train_lm, finetune, evaluate, speed); one added to the shared students/heads.py, all of theirs."""
+    one architecture's file makes ``dvc status`` list the fingerprint stage only, and once it has run, nothing. An
+    edit that changes behaviour lists exactly the stages of that architecture's runs (train, train_aug, train_lm,
+    finetune, evaluate, speed) once the fingerprint stage has run; one to the shared students/heads.py, all of
+    theirs."""
     from _dvc import DVC, sh, working_tree_repo
     from dvc.repo import Repo
 
     repo = working_tree_repo(tmp_path / "repo")
+    sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
     with Repo(str(repo)) as r:
         paths = {str(x.def_path) for s in r.index.stages for x in (*s.deps, *s.outs)}
     for rel in sorted(paths, key=lambda p: -p.count("/")):  # deepest first: a folder dep holds others' outputs
-        if not rel.startswith(("src/", "stages/")) and not (repo / rel).exists():
+        if not rel.startswith(("src/", "stages", "fingerprints")) and not (repo / rel).exists():
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             (repo / rel).write_text(f"stand-in for {rel}\n")
     sh(repo, DVC, "commit", "-f", "-q")
@@ -312,6 +426,12 @@ def test_an_edit_to_one_architecture_makes_dvc_status_list_only_its_stages(tmp_p
         path = repo / "src" / "distillpipe" / "students" / target
         source = path.read_text()
         path.write_text(source + "# an edit that changes no behaviour\n")
+        assert stale() == {"fingerprint"}, target
+        sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
+        assert stale() == set(), target
+        path.write_text(source + "_AN_EDIT_THAT_DOES = 1\n")
+        sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
         assert stale() == expected, target
         path.write_text(source)
+        sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
     assert stale() == set()

@@ -1,9 +1,14 @@
 """In a real DVC repository: what DVC and the teacher store call fresh is what the code and data would produce. A
-code edit that changes the cached values rebuilds the store (and reverting it gives the original bytes back),
-wherever in the stage's code it is (the pooling, the driver's row selection, the teacher loader), and the
-rebuilt store equals a clean build with the edited code; a one-byte change in a user's local input file
-re-runs exactly that dataset's chain; two teacher-cache processes on one store: the second is refused."""
+comment, a docstring or a reformat re-runs only the fingerprint stage; a renamed local variable is a change; a code
+edit that changes the cached values re-runs exactly the stages whose code holds it and rebuilds the store (and
+reverting it gives the original bytes back), wherever in the stage's code it is (the pooling, the driver's row
+selection, the teacher loader), and the rebuilt store equals a clean build with the edited code; a one-byte change
+in a user's local input file re-runs exactly that dataset's chain; two teacher-cache processes on one store: the
+second is refused."""
 
+import ast
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +20,8 @@ from _tiny import make_tiny_bert_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 POOLING = "src/distillpipe/pooling.py"
+ERRORS = "src/distillpipe/errors.py"
+CAPTURE = "src/distillpipe/teacher/capture.py"
 DRIVER = "src/distillpipe/teacher/cache.py"
 LOADER = "src/distillpipe/teacher/load.py"
 
@@ -29,6 +36,33 @@ def teacher(tmp_path_factory):
     return make_tiny_bert_dir(tmp_path_factory.mktemp("teacher") / "tiny")
 
 
+def _ran(res) -> list[str]:
+    return [line.split("'")[1] for line in out(res).splitlines() if line.startswith("Running stage")]
+
+
+CHAIN = ["prepare@polarity", "tokenize@polarity", "teacher_import@base", "teacher_finetune@polarity",
+         "teacher_cache@polarity"]
+
+
+def _stale(repo) -> set[str]:
+    return set(json.loads(sh(repo, DVC, "status", "--json", "fingerprint", *CHAIN, repo=repo).stdout or "{}"))
+
+
+def _holders(repo, rel) -> set[str]:
+    """The stages of CHAIN whose fingerprint file covers ``rel`` (read from the files the stage wrote)."""
+    return {s for s in CHAIN if rel in json.loads((repo / "fingerprints" / f"{s.split('@')[0]}.json").read_text())[
+        "files"]}
+
+
+def _layout_only(source: str) -> str:
+    """``source`` with a comment, a docstring and its layout changed, and nothing it does."""
+    edited = source.replace('"""', '"""Edited: ', 1) + "\n# a comment at the end\n"
+    edited = re.sub(r"^def (\w+)\(", r"def \1 (", edited, flags=re.M).replace("\n\n\ndef ", "\n\n\n\n# between\ndef ")
+    assert edited != source
+    ast.parse(edited)
+    return edited
+
+
 def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(tmp_path, teacher):
     repo = working_tree_repo(tmp_path / "repo")
     params = tiny_params(teacher)
@@ -36,11 +70,41 @@ def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(t
     write_params(repo, params)
     sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo)
     original = _store_files(repo)
+    assert _stale(repo) == set()
 
+    # (a) a comment, a docstring and a reformat, in a file every stage imports and in the teacher's capture: only the
+    # fingerprint stage runs, and writes the same fingerprints
+    sources = {rel: (repo / rel).read_text() for rel in (ERRORS, CAPTURE)}
+    fingerprints = {p.name: p.read_bytes() for p in (repo / "fingerprints").rglob("*.json")}
+    for rel, source in sources.items():
+        (repo / rel).write_text(_layout_only(source))
+    assert _stale(repo) == {"fingerprint"}  # DVC sees the source folder change...
+    res = sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo)
+    assert _ran(res) == ["fingerprint"], out(res)  # ...and runs the fingerprint stage only
+    assert {p.name: p.read_bytes() for p in (repo / "fingerprints").rglob("*.json")} == fingerprints
+    assert _stale(repo) == set() and _store_files(repo) == original
+
+    # (c) a renamed local variable counts as a change (conservative): the stages holding capture.py are stale
+    renamed = sources[CAPTURE].replace("    scaling = getattr(", "    scale = getattr(").replace(
+        "(q * scaling)", "(q * scale)")
+    assert renamed.count("scale = getattr(") == 1 and "(q * scale)" in renamed
+    (repo / CAPTURE).write_text(renamed)
+    sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
+    assert _stale(repo) == _holders(repo, CAPTURE) == {"teacher_cache@polarity"}
+    for rel, source in sources.items():
+        (repo / rel).write_text(source)
+    sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
+    assert _stale(repo) == set()
+
+    # (b) one token of behaviour in pooling.py: exactly the stages whose code holds it are stale, the store rebuilds
     source = (repo / POOLING).read_text()
     edited = source.replace("    return pooled, counts > 0\n", "    return pooled * 2, counts > 0\n", 1)
     assert edited != source
     (repo / POOLING).write_text(edited)
+    sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
+    holders = _holders(repo, POOLING)
+    assert "teacher_cache@polarity" in holders and "prepare@polarity" not in holders
+    assert _stale(repo) == holders
     res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
     assert "rebuilding the teacher cache" in res and "code.distillpipe/pooling.py: cache has" in res, res
     rebuilt = _store_files(repo)

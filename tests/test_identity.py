@@ -1,13 +1,15 @@
-"""Import closures and code digests (distillpipe.identity) on a hand-made package whose closure is known,
-and the tokens fingerprint as a content digest."""
+"""Import closures and code fingerprints (distillpipe.identity) on a hand-made package whose closure is known; code
+fingerprints by meaning against Python's own compiler on every file of the project; and the tokens fingerprint as a
+content digest."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from distillpipe.identity import code_digests, import_closure
+from distillpipe.identity import code_fingerprints, import_closure, python_fingerprint
 
 
 @pytest.fixture
@@ -52,15 +54,151 @@ def test_unknown_module_is_refused(pkg):
         import_closure(["toy.nope"], package_dir=pkg)
 
 
-def test_code_digests_name_the_file_that_changed(pkg):
-    before = code_digests(["toy.a"], package_dir=pkg)
+def test_code_fingerprints_name_the_file_that_changed(pkg):
+    before = code_fingerprints(["toy.a"], package_dir=pkg)
     assert set(before) == {f"toy/{p}" for p in ("__init__.py", "a.py", "late.py", "sub/__init__.py", "sub/b.py",
                                                    "sub/c.py", "util.py")}
     (pkg / "late.py").write_text("x = 1\n")
-    after = code_digests(["toy.a"], package_dir=pkg)
+    after = code_fingerprints(["toy.a"], package_dir=pkg)
     assert [k for k in before if before[k] != after[k]] == ["toy/late.py"]
+    (pkg / "late.py").write_text("# a comment\n\nx = (\n    1\n)  # the same x\n")
+    assert code_fingerprints(["toy.a"], package_dir=pkg) == after
     (pkg / "unused.py").write_text("x = 2\n")  # not in the closure
-    assert code_digests(["toy.a"], package_dir=pkg) == after
+    assert code_fingerprints(["toy.a"], package_dir=pkg) == after
+    (pkg / "sub" / "table.csv").write_text("a,b\n")  # package data beside a module of the closure: by its bytes
+    with_data = code_fingerprints(["toy.a"], package_dir=pkg)
+    assert set(with_data) - set(after) == {"toy/sub/table.csv"} and with_data["toy/sub/table.csv"].startswith("sha256:")
+    (pkg / "sub" / "table.csv").write_text("a,c\n")
+    assert code_fingerprints(["toy.a"], package_dir=pkg)["toy/sub/table.csv"] != with_data["toy/sub/table.csv"]
+
+
+# -- fingerprints by meaning -----------------------------------------------------------------------------------
+
+_BASE = '''"""Module docstring."""
+import math
+
+
+class Pool:
+    """Class docstring."""
+
+    scale: float = 2.0
+    """An attribute's docstring."""
+
+    @staticmethod
+    def mean(xs, eps=1e-6):
+        """Mean of xs."""
+        total = sum(xs)  # the sum
+        return total / (len(xs) + eps) * math.pi
+'''
+
+_SAME = {  # the same code, written otherwise: no fingerprint changes
+    "comments": _BASE.replace("import math\n", "import math  # for pi\n# a comment line\n"),
+    "docstrings": _BASE.replace("Mean of xs.", "The mean, now documented\n        at length.").replace(
+        '"""Module docstring."""\n', "").replace('"""An attribute\'s docstring."""', '"""Changed."""'),
+    "layout": _BASE.replace("return total / (len(xs) + eps) * math.pi",
+                            "return (total\n                / (len(xs) + eps)\n                * math.pi)").replace(
+        "\n\nclass", "\nclass").replace("mean(xs, eps=1e-6)", "mean(\n        xs,\n        eps=1e-6,\n    )"),
+    "quotes and u prefix": _BASE.replace('"""Class docstring."""', "u'Class docstring.'"),
+}
+
+_OTHER = {  # one token of meaning changed: the fingerprint changes
+    "a renamed local variable": _BASE.replace("total", "s"),
+    "a constant's type": _BASE.replace("scale: float = 2.0", "scale: float = 2"),
+    "a default value": _BASE.replace("eps=1e-6", "eps=1e-7"),
+    "an operator": _BASE.replace("* math.pi", "/ math.pi"),
+    "an annotation": _BASE.replace("scale: float", "scale: int"),
+    "a decorator": _BASE.replace("@staticmethod", "@classmethod"),
+    "an import": _BASE.replace("import math", "import math\nimport cmath"),
+    "a string that is a value": _BASE.replace("return total", "name = 'mean'\n        return total"),
+    "the order of statements": _BASE.replace('    scale: float = 2.0\n    """An attribute\'s docstring."""\n',
+                                             "").replace("    @staticmethod", "    @staticmethod").replace(
+        "        return total", "        scale = 2.0\n        return total"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_SAME))
+def test_a_comment_a_docstring_or_the_layout_changes_no_fingerprint(how):
+    assert _SAME[how] != _BASE
+    assert python_fingerprint(_SAME[how]) == python_fingerprint(_BASE)
+
+
+@pytest.mark.parametrize("how", sorted(_OTHER))
+def test_every_change_of_meaning_changes_the_fingerprint(how):
+    assert python_fingerprint(_OTHER[how]) != python_fingerprint(_BASE)
+
+
+def _code(obj) -> list:
+    """What CPython compiles a code object to, without positions: its instructions, nested code objects
+    (functions, classes, comprehensions) walked; the independent reference for 'the same meaning'. Positions steer
+    the compiler's block layout (line-event NOPs, a jump forwards or backwards to an exit block kept per line), so
+    NOPs are dropped and a jump is only a jump (which kind, direction and target depend on the layout of a
+    boolean expression over lines)."""
+    import dis
+    import types
+
+    out = []
+    for i in dis.get_instructions(obj):
+        if i.opname == "NOP":
+            continue
+        if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs:
+            out.append(("JUMP",))
+        elif isinstance(i.argval, types.CodeType):
+            out.append((i.opname, _code(i.argval)))
+        else:
+            out.append((i.opname, type(i.argval).__name__, i.argrepr))
+    return out
+
+
+def _compiled(source: str) -> list:
+    return _code(compile(source, "f", "exec", dont_inherit=True, optimize=2))  # optimize=2: no docstrings
+
+
+def test_fingerprints_agree_with_the_compiler_on_every_project_file():
+    """Independent reference, over every Python file of this repository: each file written out again by
+    ``ast.unparse`` (other layout, no comments, other quotes) and with its docstrings removed compiles to the same
+    code as the file (checked here with CPython's compiler, positions aside) and has the file's fingerprint; the
+    file with one name renamed compiles to other code and has another fingerprint."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted([*(root / "src").rglob("*.py"), *(root / "stages").glob("*.py")])
+    assert len(files) > 100
+    checked = 0
+    for path in files:
+        source = path.read_text()
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                    and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                    and isinstance(node.body[0].value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+        rewritten = ast.unparse(tree)
+        assert rewritten != source
+        assert python_fingerprint(rewritten) == python_fingerprint(source), path
+        assert _compiled(rewritten) == _compiled(source), path
+        names = sorted({n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name) and len(n.id) > 3})
+        if names:
+            renamed = re.sub(rf"\b{names[0]}\b", names[0] + "_renamed", source)
+            assert python_fingerprint(renamed) != python_fingerprint(source), path
+            assert _compiled(renamed) != _compiled(source), path
+            checked += 1
+    assert checked > 100
+
+
+def test_only_the_command_line_reads_a_docstring():
+    """Docstrings are left out of fingerprints because no stage output can depend on one: the only reader of a
+    ``__doc__`` in the package is the command line's help text."""
+    import ast
+
+    def reads_doc(tree: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == "__doc__" or isinstance(n, ast.Attribute) and n.attr in (
+            "__doc__", "getdoc") or isinstance(n, ast.keyword) and n.arg == "use_attribute_docstrings"
+            or isinstance(n, ast.Constant) and n.value == "__doc__" for n in ast.walk(tree))
+
+    root = Path(__file__).resolve().parents[1]
+    readers = sorted(p.relative_to(root).as_posix() for p in (root / "src").rglob("*.py")
+                     if reads_doc(ast.parse(p.read_text())))
+    assert readers == ["src/distillpipe/cli.py"], readers
 
 
 def test_tokens_fingerprint_is_the_content(tmp_path):
@@ -116,33 +254,41 @@ def test_every_stage_script_only_runs_its_command():
 
 def test_resumable_identities_hold_every_file_dvc_reruns_the_stage_for():
     """The code in a store manifest, a checkpoint's identity or augment's chunk identity is the stage's
-    whole import closure: exactly the src/ deps dvc.yaml lists for it (which tests/test_dvc_deps.py checks
-    against the imports), for a student run with its own architecture's file and no other's. So no edit can
-    make DVC re-run a stage that then resumes work done by other code, and an edit to another architecture
-    neither re-runs nor restarts it."""
-    from test_dvc_deps import code_deps, stage_templates
+    whole import closure, with the very fingerprints its fingerprint file holds (the file DVC re-runs the stage
+    for; tests/test_dvc_deps.py checks it covers the imports), for a student run with its own architecture's file
+    and no other's. So no edit can make DVC re-run a stage that then resumes work done by other code, an edit
+    to another architecture neither re-runs nor restarts it, and DVC, a store and a checkpoint agree on what code
+    made an output."""
+    from test_dvc_deps import ROOT, code_deps, stage_templates
 
     from distillpipe.config.students import ARCHITECTURES
+    from distillpipe.fingerprints import documents
     from distillpipe.identity import stage_code
     from distillpipe.qg import augment, finetune
     from distillpipe.teacher import cache
     from distillpipe.train import build, teacher_finetune
 
     stages = stage_templates()
-    identities = {cache.STAGE: set(cache.producer_code()), augment.CODE_STAGE: set(stage_code(augment.CODE_STAGE)),
-                  teacher_finetune.CODE_STAGE: set(stage_code(teacher_finetune.CODE_STAGE)),
-                  finetune.CODE_STAGE: set(stage_code(finetune.CODE_STAGE))}
+    docs = {k: json.loads(v)["files"] for k, v in documents(ROOT).items()}
+    identities = {cache.STAGE: cache.producer_code(), augment.CODE_STAGE: stage_code(augment.CODE_STAGE),
+                  teacher_finetune.CODE_STAGE: stage_code(teacher_finetune.CODE_STAGE),
+                  finetune.CODE_STAGE: stage_code(finetune.CODE_STAGE)}
     assert set(identities) == {"teacher_cache", "augment", "teacher_finetune", "qg_finetune"}
-    for stage, files in identities.items():
-        assert {f"src/{f}" for f in files} == code_deps(stages[stage]), stage
+    for stage, code in identities.items():
+        assert {f"src/{f}" for f in code} == code_deps(stages[stage]) - {f"stages/{stage}.py"}, stage
+        assert {f"src/{f}": v for f, v in code.items()} == {
+            f: v for f, v in docs[f"fingerprints/{stage}.json"].items() if f.startswith("src/")}, stage
     for arch in ARCHITECTURES:
-        training = {f"src/{f}" for f in stage_code(*build.CODE_STAGES, student=arch)}
+        code = stage_code(*build.CODE_STAGES, student=arch)
+        training = {f"src/{f}" for f in code}
         others = {f"src/distillpipe/students/{a}.py" for a in ARCHITECTURES if a != arch}
         assert f"src/distillpipe/students/{arch}.py" in training and not training & others, arch
+        assert code[f"distillpipe/students/{arch}.py"] == \
+            docs[f"fingerprints/students/{arch}.json"][f"src/distillpipe/students/{arch}.py"]
         for stage in ("train", "train_aug", "finetune", "train_lm"):
-            assert stage in build.CODE_STAGES and code_deps(stages[stage], arch) <= training, (stage, arch)
+            assert stage in build.CODE_STAGES and code_deps(stages[stage], arch) - {f"stages/{stage}.py"} <= training
     # the two files whose edits a narrower identity once let resume a stale store
-    assert {"distillpipe/teacher/cache.py", "distillpipe/teacher/load.py"} <= identities["teacher_cache"]
+    assert {"distillpipe/teacher/cache.py", "distillpipe/teacher/load.py"} <= set(identities["teacher_cache"])
 
 
 def test_a_checkpoint_identity_holds_its_own_architecture():
@@ -153,7 +299,7 @@ def test_a_checkpoint_identity_holds_its_own_architecture():
 
     from distillpipe.config.base import load_section
     from distillpipe.config.train import TrainConfig
-    from distillpipe.identity import json_sha256, stage_code
+    from distillpipe.identity import code_identity, stage_code
     from distillpipe.train.build import CODE_STAGES, run_identity
 
     cfg = load_section(ROOT / "params.yaml", "train", TrainConfig)
@@ -162,6 +308,6 @@ def test_a_checkpoint_identity_holds_its_own_architecture():
         run = cfg.runs[name]
         ident = run_identity(run=run, model_cfg=run.model, loader_cfg=cfg.loader, tokens_meta={"fingerprint": "t"},
                              stores={}, init_dir=None, augment=None, device=torch.device("cpu"), processes=1)
-        assert ident["code"] == json_sha256(stage_code(*CODE_STAGES, student=run.model.student)), name
+        assert ident["code"] == code_identity(stage_code(*CODE_STAGES, student=run.model.student)), name
         codes[name] = ident["code"]
     assert codes["hybrid"] != codes["waldorf-slow"]

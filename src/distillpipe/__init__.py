@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train",),             # training loops: students (distillation, fine-tuning), teacher fine-tuning
     ("ship",),              # exported students: the folder, ONNX, predict, the model card
     ("scaffold",),          # `distillpipe new-task`: params.yaml entries for a new task
+    ("fingerprints",),      # the stages' code fingerprints: the code deps of dvc.yaml
     ("commands",),          # one module per CLI command / DVC stage
     ("cli",),
 )

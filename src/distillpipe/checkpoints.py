@@ -225,7 +225,17 @@ def identity_changes(old: Any, new: dict[str, Any]) -> list[str]:
     """Names of the identity fields that differ (all of them for a checkpoint without an identity)."""
     if not isinstance(old, dict):
         return ["identity (a checkpoint of an older version)"]
-    return [k for k in new if old.get(k) != new[k]]
+    return [_why(k, old.get(k)) for k in new if old.get(k) != new[k]]
+
+
+def _why(field: str, old: Any) -> str:
+    """The field's name; for code identified by its bytes (bare digests, from before code fingerprints by meaning:
+    ``identity.old_code_identity``, a sibling this layer cannot import), also why it differs."""
+    values = old.values() if isinstance(old, dict) else [old]
+    if field == "code" and old is not None and all(isinstance(v, str) and ":" not in v for v in values):
+        return ("code (identified by its files' bytes before code fingerprints by meaning, docs/up-to-date.md: "
+                "this once, the run starts over)")
+    return field
 
 
 def resume_or_restart(folder: str | Path, identity: dict[str, Any] | str, *, key: str, covers: str = "",

@@ -14,6 +14,7 @@ from distillpipe.commands import (
     evaluate,
     export,
     finetune,
+    fingerprint,
     inspect,
     new_task,
     params_style,
@@ -55,6 +56,7 @@ for name, fn in [
     ("new-task", new_task.new_task),
     ("export", export.export),
     ("predict", predict.predict),
+    ("fingerprint", fingerprint.fingerprint),
     ("dvc-deps", dvc_deps.dvc_deps),
     ("params-style", params_style.params_style),
 ]:

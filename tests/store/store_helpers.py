@@ -51,7 +51,7 @@ def tiny_manifest(n_rows: int = 500, shard_rows: int = 128, **overrides) -> Mani
         split=overrides.pop("split", "train"),
         signals=overrides.pop("signals", None) or tiny_spec(),
         compute=overrides.pop("compute", None) or {"precision": "fp32", "batch_size": 8},
-        code=overrides.pop("code", None) or {"distillpipe/teacher/shard.py": "c0de" * 16},
+        code=overrides.pop("code", None) or {"distillpipe/teacher/shard.py": "ast-v1:" + "c0de" * 16},
         n_rows=n_rows,
         shard_rows=shard_rows,
     )

@@ -45,3 +45,22 @@ def test_nested_config_and_subset_comparison():
     diffs = diff_manifests(extra, cache.to_dict(), subset=False)
     assert [str(d) for d in diffs] == ["teacher.config.num_hidden_layers: cache has 4, expected <missing>"]
     check_manifest({"tokens_fingerprint": "tok-fp-1", "signals": {"pool": 4}}, cache, where="x")  # no error
+
+
+def test_a_store_whose_code_was_identified_by_bytes_is_rebuilt_once_saying_why():
+    """Stores from before code fingerprints by meaning hold a bare sha256 per file: one line says why they differ
+    (not one line per file of the closure), and a store with fingerprints names the file that changed."""
+    from distillpipe.identity import stage_code
+
+    code = stage_code("teacher_cache")
+    old = tiny_manifest(code={f: "4c5c" * 16 for f in code})
+    new = tiny_manifest(code=code)
+    with pytest.raises(ManifestMismatch) as e:
+        check_manifest(new, old, where="data/teacher/x.zarr")
+    assert [d.path for d in e.value.differences] == ["code"]
+    assert "code: its code was identified by each file's bytes (made before code fingerprints by meaning" \
+        in str(e.value)
+    edited = tiny_manifest(code={**code, "distillpipe/pooling.py": "ast-v1:" + "0" * 64})
+    with pytest.raises(ManifestMismatch) as e:
+        check_manifest(new, edited, where="data/teacher/x.zarr")
+    assert [d.path for d in e.value.differences] == ["code.distillpipe/pooling.py"]

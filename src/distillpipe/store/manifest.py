@@ -41,6 +41,7 @@ from typing import Any
 
 import distillpipe
 from distillpipe.errors import UserError
+from distillpipe.identity import OLD_CODE, old_code_identity
 from distillpipe.store.schema import SignalSpec
 
 MANIFEST_KEY = "manifest"
@@ -196,8 +197,12 @@ class FieldDiff:
     path: str
     actual: Any
     expected: Any
+    why: str | None = None
+    """Said instead of the two values where they would not tell what differs (code identified another way)."""
 
     def __str__(self) -> str:
+        if self.why:
+            return f"{self.path}: {self.why}"
         return f"{self.path}: cache has {_show(self.actual)}, expected {_show(self.expected)}"
 
 
@@ -254,6 +259,10 @@ def diff_manifests(expected: Mapping[str, Any], actual: Mapping[str, Any], *, su
     exp = {k: v for k, v in _json_normal(dict(expected)).items() if k not in NOT_COMPARED}
     act = {k: v for k, v in _json_normal(dict(actual)).items() if k not in NOT_COMPARED}
     out: list[FieldDiff] = []
+    if "code" in exp and exp["code"] != act.get("code") and old_code_identity(act.get("code")):
+        # every file would differ: say why, once
+        out.append(FieldDiff("code", act["code"], exp["code"], why=OLD_CODE))
+        exp, act = {k: v for k, v in exp.items() if k != "code"}, {k: v for k, v in act.items() if k != "code"}
     _diff("", exp, act, subset, out)
     return out
 

@@ -23,7 +23,7 @@ from distillpipe.data.collate import TrainDataError, collate
 from distillpipe.data.schema import read_meta
 from distillpipe.data.word_vectors import load_table
 from distillpipe.evaluate.student import primary_metric
-from distillpipe.identity import json_sha256, sha256_dir, stage_code
+from distillpipe.identity import code_identity, json_sha256, sha256_dir, stage_code
 from distillpipe.runtime import adamw, seed_everything
 from distillpipe.scale.ddp import ProcessGroup, join
 from distillpipe.store.reader import open_store
@@ -120,7 +120,7 @@ def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: Loader
         "augment tokens": read_meta(augment[1])["fingerprint"] if augment else None,
         "init weights": sha256_dir(init_dir) if init_dir is not None else None,
         "word vectors": word_vectors,
-        "code": json_sha256(stage_code(*CODE_STAGES, student=model_cfg.student)),
+        "code": code_identity(stage_code(*CODE_STAGES, student=model_cfg.student)),
         "device": device.type,
         "processes": processes,
     }
