@@ -344,3 +344,18 @@ def test_quick_start_commits_what_a_run_leaves_untracked():
     quick_start = readme[readme.index("## Quick start"):readme.index("\n## ", readme.index("## Quick start") + 1)]
     adds = [shlex.split(line) for _, line in fenced_lines(quick_start) if line.startswith("git add ")]
     assert len(adds) == 1 and set(adds[0][2:]) == untracked, (adds, untracked)
+
+
+def test_the_fingerprint_example_is_what_the_stage_writes():
+    """docs/code-deps.md's excerpt of a fingerprint file: its stage, its form, and files the real file covers."""
+    import json
+
+    text = (ROOT / "docs" / "code-deps.md").read_text()
+    block = text[text.index("```json\n") + 8:]
+    block = block[:block.index("```")]
+    stage = re.search(r'"stage": "(\w+)"', block).group(1)
+    real = json.loads((ROOT / "fingerprints" / f"{stage}.json").read_text())
+    assert real["stage"] == stage and real["fingerprint"].startswith("ast-v1:")
+    files = re.findall(r'"((?:src|stages)/[\w/]+\.py)": "ast-v1:', block)
+    assert len(files) >= 3 and set(files) <= set(real["files"]), set(files) - set(real["files"])
+    assert all(v.startswith("ast-v1:") for v in real["files"].values())
