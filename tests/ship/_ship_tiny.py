@@ -19,8 +19,10 @@ from distillpipe.config.tokenize import TokenizeClassificationConfig, TokenizeCo
 from distillpipe.data.schema import read_meta, write_meta
 from distillpipe.data.tokenize import tokenize_dataset
 from distillpipe.evaluate.run import evaluate_run
+from distillpipe.identity import code_identity, stage_code
 from distillpipe.students import build_student, save_student
 from distillpipe.students.base import TaskSpec
+from distillpipe.train.build import CODE_STAGES
 
 MAX_LEN = 32
 BIN_WIDTH = 0.2
@@ -114,7 +116,8 @@ def evaluated_run(root: Path, name: str, *, prepared: Path, tokens: Path, teache
     record = {"name": name, "dataset": dataset, "kind": spec.kind, "metric": "accuracy", "steps": 12, "best_step": 8,
               "dev": None, "init": None, "tokens_fingerprint": meta["fingerprint"],
               "tokenizer_sha256": meta["tokenizer"]["sha256"], "note": f"a tiny {model['student']} for the tests",
-              "trainable_params": sum(p.numel() for p in student.parameters())}
+              "trainable_params": sum(p.numel() for p in student.parameters()),
+              "code": code_identity(stage_code(*CODE_STAGES, student=model["student"]))}
     student_dir = root / "models" / "students" / name
     save_student(student_dir, student, cfg, spec, record)
     run_entry = {"dataset": dataset, "model": model, "encoding": encoding, "head": None}

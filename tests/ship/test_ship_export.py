@@ -43,6 +43,12 @@ def test_card_is_built_from_the_records(cls_run, exported):
                      "pipeline commit: unknown", "library_name: distillpipe", "dev 24, test 24, train 8",
                      "huggingface_hub.upload_folder", metrics["student"]):
         assert expected in card, expected
+    # the same code fingerprint as the run's checkpoints (train/build.py's run_identity)
+    from distillpipe.identity import code_identity, stage_code
+    from distillpipe.train.build import CODE_STAGES
+
+    code = code_identity(stage_code(*CODE_STAGES, student="cmow_hybrid"))
+    assert f"training code fingerprint `{code}`" in card
 
 
 def test_card_names_the_commit_and_the_speed(cls_run, tmp_path):

@@ -93,6 +93,10 @@ def test_task_distillation_learns_and_saves(toy, tmp_path):
     assert s.dev["accuracy"] >= 0.9, s  # 'contains token 7' is easy for a bag of words
     _, record = load_student(tmp_path / "run", torch.device("cpu"))
     assert record["dev"] == s.dev and record["steps"] == s.steps
+    from distillpipe.identity import code_identity, stage_code
+    from distillpipe.train.build import CODE_STAGES
+
+    assert record["code"] == code_identity(stage_code(*CODE_STAGES, student="cmow_hybrid"))  # as its checkpoints'
     # dvclive: the training schema, headline first; one value per step for the loss, its terms and the lr
     metrics = json.loads((tmp_path / "run.live" / "metrics.json").read_text())
     assert metrics == {"dev": s.dev["accuracy"], "metric": "accuracy", "best_step": s.best_step, "step": s.steps}

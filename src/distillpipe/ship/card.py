@@ -186,7 +186,9 @@ def render_card(inp: CardInputs) -> str:
               f"- pipeline commit: {inp.commit}",
               f"- distillpipe {c['distillpipe_version']}; weights sha256 `{c['weights']['sha256']}`",
               f"- run `{run}`, dataset `{dataset}`, tokens fingerprint `{str(rec.get('tokens_fingerprint'))[:16]}`",
-              ""]
+              f"- training code fingerprint `{rec.get('code') or 'not recorded'}` (by meaning: its checkpoints' "
+              "code identity, over the files of the pipeline's `fingerprints/` for its training stage and "
+              "architecture)", ""]
     return "\n".join(lines)
 
 

@@ -188,7 +188,8 @@ def finish(r: TrainingRun, *, out_dir: str | Path, live_dir: str | Path, init_di
         record = {"name": r.name, "dataset": r.meta["name"], "kind": r.task.kind, "metric": r.metric, "steps": r.step,
                   "best_step": r.best_step, "dev": r.best, "init": str(init_dir) if init_dir else None,
                   "tokens_fingerprint": r.meta["fingerprint"], "tokenizer_sha256": r.meta["tokenizer"]["sha256"],
-                  "note": r.run.note, "trainable_params": sum(n for n, grad in counts if grad)}
+                  "note": r.run.note, "trainable_params": sum(n for n, grad in counts if grad),
+                  "code": r.identity["code"]}
         save_student(out_dir, r.student, r.model_cfg, r.task, record)
         write_live(live_dir, summary=train_summary(r.metric, r.best, r.best_step), params=dataclasses.asdict(r.run),
                    curves=_curves(r), step=r.step)
