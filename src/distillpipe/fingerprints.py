@@ -134,6 +134,8 @@ def _document(name: str, root: Path, files: set[str]) -> str:
 
 def stage_scripts(root: Path) -> list[str]:
     """Every stage script but the fingerprint stage's own, repository-relative, sorted."""
+    if not (root / STAGES).is_dir():
+        return []
     return sorted(p.relative_to(root).as_posix() for p in (root / STAGES).glob("*.py")
                   if p.stem not in (SELF, "__init__"))
 

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from distillpipe.commands.base import entry_point, user_errors
-from distillpipe.fingerprints import FOLDER, STAGES, stale, write
+from distillpipe.fingerprints import FOLDER, STAGES, stage_scripts, stale, write
 
 CHECK_HELP = "write nothing; exit 1 naming each fingerprint file that differs from the code"
 
@@ -26,8 +26,9 @@ def fingerprint(out: Annotated[Path, typer.Option(help="folder to write the fing
                 check: Annotated[bool, typer.Option("--check", help=CHECK_HELP)] = False) -> None:
     """Write each stage's code fingerprint (its import closure's files, by meaning: comments, docstrings and
     layout do not count) into fingerprints/; the stages depend on those files, not on the source."""
-    if not (root / STAGES).is_dir():
-        raise FileNotFoundError(f"{root / STAGES} not found: run from the repository root or pass --root")
+    if not stage_scripts(root):
+        raise FileNotFoundError(f"no stage scripts in {root / STAGES} ({STAGES}/<stage>.py): run from the repository "
+                                "root or pass --root")
     if check:
         differ = stale(root, out)
         if differ:
