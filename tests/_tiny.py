@@ -224,22 +224,71 @@ app(sys.argv[1:], prog_name="train")
 """
 
 
+def _train_args(run: str, *, tokens: Path, store: Path, prepared: Path, out: Path, params: Path,
+                init: Path | None = None, word_vectors: Path | None = None) -> list[str]:
+    command = ["train"] if init is None else ["finetune", "--init", str(init)]
+    if word_vectors is not None:
+        command = ["train-lm", "--word-vectors", str(word_vectors)]
+    return [*command, "--run", run, "--tokens", str(tokens), "--teacher-cache", str(store), "--prepared",
+            str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live", "--params",
+            str(params)]
+
+
 def run_train_cli(run: str, *, tokens: Path, store: Path, prepared: Path, out: Path, params: Path,
                   kill_at: int | None = None, init: Path | None = None, word_vectors: Path | None = None):
     """Run `distillpipe train --run RUN` (`finetune --init INIT` when ``init`` is given, `train-lm --word-vectors
-    W` when ``word_vectors`` is) writing beside ``out``; killed with SIGKILL after step ``kill_at``."""
+    W` when ``word_vectors`` is) in a process of its own writing beside ``out``; killed with SIGKILL after step
+    ``kill_at``."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_STEP": str(-1 if kill_at is None else kill_at)}
-    command = ["train"] if init is None else ["finetune", "--init", str(init)]
-    if word_vectors is not None:
-        command = ["train-lm", "--word-vectors", str(word_vectors)]
-    cmd = [sys.executable, "-c", _TRAIN_DRIVER, *command, "--run", run, "--tokens", str(tokens), "--teacher-cache",
-           str(store), "--prepared", str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt",
-           "--live", f"{out}.live", "--params", str(params)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    args = _train_args(run, tokens=tokens, store=store, prepared=prepared, out=out, params=params, init=init,
+                       word_vectors=word_vectors)
+    return subprocess.run([sys.executable, "-c", _TRAIN_DRIVER, *args], env=env, capture_output=True, text=True,
+                          check=False)
+
+
+def invoke_train_cli(run: str, *, tokens: Path, store: Path, prepared: Path, out: Path, params: Path,
+                     init: Path | None = None, word_vectors: Path | None = None):
+    """The same command as :func:`run_train_cli`, run in this process (:func:`invoke_cli`)."""
+    return invoke_cli(_train_args(run, tokens=tokens, store=store, prepared=prepared, out=out, params=params,
+                                  init=init, word_vectors=word_vectors))
+
+
+def invoke_cli(args: list, env: dict | None = None):
+    """`distillpipe ARGS` run in this process through the real typer app (click's CliRunner), returned as a
+    subprocess would return it: exit status, stdout, and stderr with the log records (INFO and up, the default of
+    DISTILLPIPE_LOG) and any uncaught traceback. It saves the ~5 s (2 quiet cores) a new process spends importing
+    torch, transformers and datasets: for the runs a test compares with or resumes; a run to SIGKILL still needs a
+    process of its own."""
+    import io
+    import logging
+    import subprocess
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from distillpipe.cli import app
+
+    args = [str(a) for a in args]
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        res = CliRunner().invoke(app, args, env=env)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    stderr = res.stderr + log.getvalue()
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(res.exception))
+    return subprocess.CompletedProcess(["distillpipe", *args], res.exit_code, res.stdout, stderr)
 
 
 def local_files(files: dict) -> dict:

@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 from _qg_tiny import augment_params, fresh_paragraphs, write_corpus
+from _tiny import invoke_cli
 
 from distillpipe.config.augment import AugmentConfig
 from distillpipe.config.base import build
@@ -178,8 +179,9 @@ def test_sigkill_mid_augment_then_resume_gives_the_same_rows(corpus, toy_qa, tin
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"augment": augment_params(chunk_paragraphs=1, batch_size=1, max_new_tokens=24)}))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ref = subprocess.run(_cli(params, corpus[0], toy_qa, tiny_qg, tmp_path / "ref", tmp_path / "ref_chunks"),
-                         env=env, capture_output=True, text=True, check=False)
+    # the uninterrupted reference and the resumed run in this process (the same command, no ~5 s of imports); the
+    # run to kill in a process of its own
+    ref = invoke_cli(_cli(params, corpus[0], toy_qa, tiny_qg, tmp_path / "ref", tmp_path / "ref_chunks")[3:])
     assert ref.returncode == 0, ref.stderr
 
     chunks = tmp_path / "chunks"
@@ -199,8 +201,7 @@ def test_sigkill_mid_augment_then_resume_gives_the_same_rows(corpus, toy_qa, tin
     done = len(json.loads((chunks / "done.json").read_text()))
     assert 3 <= done < 12
 
-    res = subprocess.run(_cli(params, corpus[0], toy_qa, tiny_qg, tmp_path / "out", chunks), env=env,
-                         capture_output=True, text=True, check=False)
+    res = invoke_cli(_cli(params, corpus[0], toy_qa, tiny_qg, tmp_path / "out", chunks)[3:])
     assert res.returncode == 0, res.stderr
     assert f"resuming, {done} of 12 chunks already done" in res.stderr
     rows, expected = _rows(tmp_path / "out"), _rows(tmp_path / "ref")

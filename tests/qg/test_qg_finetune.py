@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from _qg_tiny import qg_params
+from _tiny import invoke_cli
 
 from distillpipe.assets import AssetError
 from distillpipe.config.base import build
@@ -103,10 +104,8 @@ def test_cli_reports_offline_hub_model_as_user_error(toy_qa, tmp_path):
 
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"qg_finetune": qg_params(model={"source": "pretrained", "base": "t5-large"})}))
-    res = subprocess.run([sys.executable, "-m", "distillpipe.cli", "qg-finetune", "--prepared", str(toy_qa),
-                          "--out", str(tmp_path / "qg"), "--checkpoints", str(tmp_path / "c"),
-                          "--metrics", str(tmp_path / "m.json"), "--params", str(params)],
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = invoke_cli(["qg-finetune", "--prepared", toy_qa, "--out", tmp_path / "qg", "--checkpoints", tmp_path / "c",
+                      "--metrics", tmp_path / "m.json", "--params", params])  # the real command, in this process
     assert res.returncode == 2, res.stderr
     assert "error: model 't5-large' is not in the local Hugging Face cache" in res.stderr
     assert "Traceback" not in res.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _tiny import make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
+from _tiny import invoke_cli, make_classification_tokens, make_mlm_tokens, make_tiny_bert_dir, signals, write_params
 
 from distillpipe.config.base import build
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
@@ -224,11 +224,21 @@ app(sys.argv[1:], prog_name="teacher_cache")
 """
 
 
+def _args(tiny, params, out):
+    return ["teacher-cache", "--dataset", "toy", "--tokens", str(tiny["mlm"]), "--teacher", str(tiny["base"]),
+            "--out", str(out), "--params", str(params)]
+
+
 def _run(tiny, params, out, kill_at=None):
+    """The stage in a process of its own, to SIGKILL it mid-shard."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_SHARD": str(-1 if kill_at is None else kill_at)}
-    cmd = [sys.executable, "-c", DRIVER, "teacher-cache", "--dataset", "toy", "--tokens", str(tiny["mlm"]),
-           "--teacher", str(tiny["base"]), "--out", str(out), "--params", str(params)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", DRIVER, *_args(tiny, params, out)], env=env, capture_output=True,
+                          text=True)
+
+
+def _run_here(tiny, params, out):
+    """The same command in this process (no ~5 s of imports): references, resumes and rebuilds."""
+    return invoke_cli(_args(tiny, params, out))
 
 
 def _params(tmp_path, **sig):
@@ -244,11 +254,11 @@ def _tree(root: Path) -> list[str]:
 
 def test_sigkill_then_resume_is_bitwise_identical(tiny, tmp_path):
     params = _params(tmp_path)
-    ref = _run(tiny, params, tmp_path / "ref.zarr")
+    ref = _run_here(tiny, params, tmp_path / "ref.zarr")
     assert ref.returncode == 0, ref.stderr
     killed = _run(tiny, params, tmp_path / "run.zarr", kill_at=4)
     assert killed.returncode == -9, killed.stderr  # SIGKILL: shards 0-3 done, shard 4 torn
-    res = _run(tiny, params, tmp_path / "run.zarr")
+    res = _run_here(tiny, params, tmp_path / "run.zarr")  # all it knows of the killed run is on disk
     assert res.returncode == 0, res.stderr
     # 100 rows / 16 = 7 shards; 4 survived, so exactly shards 4, 5, 6 (16 + 16 + 4 rows) are recomputed
     assert "4 of 7 shards already complete" in res.stderr
@@ -260,18 +270,18 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny, tmp_path):
 
 def test_corrupted_shard_is_recomputed_alone(tiny, tmp_path):
     params = _params(tmp_path)
-    assert _run(tiny, params, tmp_path / "s.zarr").returncode == 0
+    assert _run_here(tiny, params, tmp_path / "s.zarr").returncode == 0
     shard_file = tmp_path / "s.zarr" / "hidden" / "L1" / "c" / "2" / "0" / "0"
     data = shard_file.read_bytes()
     shard_file.write_bytes(data[: len(data) // 2])  # truncated, as by a full disk or a bad copy
-    res = _run(tiny, params, tmp_path / "s.zarr")
+    res = _run_here(tiny, params, tmp_path / "s.zarr")
     assert res.returncode == 0, res.stderr
     assert "computed 16 rows" in res.stdout and "shard 2" in res.stderr
 
 
 def test_param_change_rebuilds_and_says_so(tiny, tmp_path):
-    assert _run(tiny, _params(tmp_path), tmp_path / "s.zarr").returncode == 0
-    res = _run(tiny, _params(tmp_path, hidden_layers=[2]), tmp_path / "s.zarr")
+    assert _run_here(tiny, _params(tmp_path), tmp_path / "s.zarr").returncode == 0
+    res = _run_here(tiny, _params(tmp_path, hidden_layers=[2]), tmp_path / "s.zarr")
     assert res.returncode == 0, res.stderr
     assert "rebuilding" in res.stderr and "signals.hidden_layers" in res.stderr
     assert "computed 100 rows" in res.stdout

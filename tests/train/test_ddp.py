@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import live_files, make_classification_store, read_curve, write_params
+from _tiny import invoke_cli, live_files, make_classification_store, read_curve, write_params
 
 # Imported by every Python process that has its folder on PYTHONPATH: in torchrun's rank 1, SIGKILL the process
 # once the checkpoint of step $KILL_AT_STEP is on disk (after the barrier that follows a checkpoint, where every
@@ -96,7 +96,9 @@ def toy(tmp_path_factory):
     return toy
 
 
-def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None, loader=LOADER):
+def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None, loader=LOADER, here=False):
+    """`distillpipe train` with DISTILLPIPE_NPROC=``nproc`` in a process of its own; ``here``: in this process (one
+    training process, no torchrun: the reference, without ~5 s of imports)."""
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": loader,
                                                                "runs": {"r": _run(dropout)}}})
     args = ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache", str(toy["store"]),
@@ -110,6 +112,9 @@ def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None, loader=LOADER):
         (hook / "sitecustomize.py").write_text(KILL_HOOK)
         path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))  # the hook, then the caller's
         env.update(KILL_AT_STEP=str(kill_at), CKPT_DIR=f"{out}.ckpt", PYTHONPATH=path)
+    if here:
+        assert nproc == 1 and kill_at is None
+        return invoke_cli(args, env={k: env[k] for k in ("DISTILLPIPE_MACHINE", "DISTILLPIPE_NPROC")})
     cmd = [sys.executable, "-m", "distillpipe.cli", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -119,7 +124,7 @@ def _weights(folder):
 
 
 def test_two_processes_give_the_weights_of_one(toy, tmp_path):
-    one = _train(toy, tmp_path, tmp_path / "one", nproc=1, dropout=0.0)
+    one = _train(toy, tmp_path, tmp_path / "one", nproc=1, dropout=0.0, here=True)
     assert one.returncode == 0, one.stderr
     two = _train(toy, tmp_path, tmp_path / "two", nproc=2, dropout=0.0)
     assert two.returncode == 0, two.stderr
@@ -137,13 +142,13 @@ def test_two_processes_give_the_weights_of_one(toy, tmp_path):
     assert list(loss_one.values()) == pytest.approx(list(loss_two.values()), rel=1e-4)
 
 
-@pytest.mark.slow  # ~40 s: three torchrun jobs
+@pytest.mark.slow  # ~30 s: two torchrun jobs
 def test_one_stream_shared_by_2_and_4_processes_gives_the_weights_of_one(toy, tmp_path):
     """The embedded params' loader (streams: 1) under DISTILLPIPE_NPROC=2 and 4: the processes share the stream,
     each training on its slice of every batch; 96 rows in batches of 8 leave no short batch, so the weights equal
     one process's (float tolerance)."""
     loader = {**LOADER, "streams": 1}
-    one = _train(toy, tmp_path, tmp_path / "one", nproc=1, dropout=0.0, loader=loader)
+    one = _train(toy, tmp_path, tmp_path / "one", nproc=1, dropout=0.0, loader=loader, here=True)
     assert one.returncode == 0, one.stderr
     a = _weights(tmp_path / "one")
     for nproc in (2, 4):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from _tiny import (
+    invoke_train_cli,
     live_files,
     make_classification_tokens,
     make_mlm_tokens,
@@ -188,8 +189,15 @@ def test_rows_without_ground_truth_get_no_hard_labels():
 
 
 def _cli(toy, params, out, kill_at=None):
+    """`distillpipe train` in a process of its own (to SIGKILL it after step ``kill_at``)."""
     return run_train_cli("toy-run", tokens=toy["cls"], store=toy["cls_store"], prepared=toy["cls"], out=out,
                          params=params, kill_at=kill_at)
+
+
+def _cli_here(toy, params, out):
+    """The same command in this process: the uninterrupted reference and the resumed run (no ~5 s of imports)."""
+    return invoke_train_cli("toy-run", tokens=toy["cls"], store=toy["cls_store"], prepared=toy["cls"], out=out,
+                            params=params)
 
 
 def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
@@ -197,11 +205,11 @@ def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
     run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_every=4, eval_every=6))
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"toy-run": run}}})
-    ref = _cli(toy, params, tmp_path / "ref")
+    ref = _cli_here(toy, params, tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr
     killed = _cli(toy, params, tmp_path / "res", kill_at=12)  # 24 steps: killed half-way, mid-epoch 1
     assert killed.returncode == -9, killed.stderr
-    resumed = _cli(toy, params, tmp_path / "res")
+    resumed = _cli_here(toy, params, tmp_path / "res")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming toy-run at step 12/24" in resumed.stderr
     a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
@@ -378,13 +386,13 @@ def test_early_stopping_survives_a_kill_after_its_checkpoint(toy, tmp_path):
     run = _cls_run(optim=_optim(epochs=12, eval_every=4, patience=1, checkpoint_every=100))
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"toy-run": run}}})
-    ref = _cli(toy, params, tmp_path / "ref")
+    ref = _cli_here(toy, params, tmp_path / "ref")
     assert ref.returncode == 0 and "stopped early" in ref.stdout, ref.stderr
     stop = json.loads((tmp_path / "ref.live" / "metrics.json").read_text())["step"]
     assert stop < 12 * 12  # it did stop early
     killed = _cli(toy, params, tmp_path / "res", kill_at=stop)
     assert killed.returncode == -9, killed.stderr
-    resumed = _cli(toy, params, tmp_path / "res")
+    resumed = _cli_here(toy, params, tmp_path / "res")
     assert resumed.returncode == 0 and f"resuming toy-run at step {stop}/" in resumed.stderr, resumed.stderr
     assert json.loads((tmp_path / "res.live" / "metrics.json").read_text())["step"] == stop
     assert live_files(tmp_path / "res.live") == live_files(tmp_path / "ref.live")

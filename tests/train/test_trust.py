@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from _tiny import make_classification_store, run_train_cli, write_params
+from _tiny import invoke_train_cli, make_classification_store, run_train_cli, write_params
 
 from distillpipe.config.base import build
 from distillpipe.config.run import LoaderConfig
@@ -82,12 +82,10 @@ def test_same_identity_still_resumes(toy, tmp_path):
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"r": run}}})
 
-    def train(out, kill_at=None):
-        return run_train_cli("r", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"], out=out,
-                             params=params, kill_at=kill_at)
-
-    assert train(tmp_path / "r", kill_at=8).returncode == -9
-    resumed = train(tmp_path / "r")
+    assert run_train_cli("r", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"], out=tmp_path / "r",
+                         params=params, kill_at=8).returncode == -9
+    resumed = invoke_train_cli("r", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"],
+                               out=tmp_path / "r", params=params)  # in this process: no ~5 s of imports
     assert resumed.returncode == 0 and "resuming r at step 8/24" in resumed.stderr, resumed.stderr
 
 
@@ -117,8 +115,8 @@ def test_training_refuses_a_damaged_cache_with_exit_2(toy, tmp_path, damage):
         f.unlink()
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"r": _run(model=MODEL)}}})
-    res = run_train_cli("r", tokens=toy["tokens"], store=store, prepared=toy["tokens"], out=tmp_path / "r",
-                        params=params)
+    res = invoke_train_cli("r", tokens=toy["tokens"], store=store, prepared=toy["tokens"], out=tmp_path / "r",
+                           params=params)  # the real command, in this process
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "zarr" not in res.stderr.lower().replace(".zarr", "")
     assert f"teacher cache {store} is damaged" in res.stderr and "shard 1:" in res.stderr
@@ -135,16 +133,14 @@ def test_resuming_run_verifies_every_checksum(toy, tmp_path):
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"r": _run(model=MODEL)}}})
 
-    def train(kill_at=None):
-        return run_train_cli("r", tokens=toy["tokens"], store=store, prepared=toy["tokens"], out=tmp_path / "r",
-                             params=params, kill_at=kill_at)
-
-    assert train(kill_at=8).returncode == -9
+    assert run_train_cli("r", tokens=toy["tokens"], store=store, prepared=toy["tokens"], out=tmp_path / "r",
+                         params=params, kill_at=8).returncode == -9
     marker = read_marker(store, 2)
     target = store / next(k for k, rec in marker["files"].items() if rec)
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
-    res = train()
+    res = invoke_train_cli("r", tokens=toy["tokens"], store=store, prepared=toy["tokens"], out=tmp_path / "r",
+                           params=params)  # resumed in this process: no ~5 s of imports
     assert res.returncode == 2 and "shard 2:" in res.stderr and "fails its crc32c" in res.stderr, res.stderr
     assert json.loads((store / "zarr.json").read_text())  # the store itself is left as it was
