@@ -66,8 +66,11 @@ def stsb(tmp_path_factory, shared_data):
     tokenize_dataset("stsb", root / "prepared",
                      TokenizeConfig(str(base), 64, {"stsb": TokenizeClassificationConfig("classification", None)}),
                      tokens)
+    # 480 of the ~1,800 train rows: the teacher's bins and its cache are what the tests read, not its score (all rows
+    # took ~40 s of the suite)
     tcfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=32, lr=1e-3, checkpoint_every=1000,
-                                                            regression_bin_width=WIDTH), "teacher_finetune.tasks.stsb")
+                                                            max_train_rows=480, regression_bin_width=WIDTH),
+                 "teacher_finetune.tasks.stsb")
     teacher = finetune_teacher("stsb", base, tokens, root / "prepared", tcfg, "cpu", root / "teacher", root / "tck",
                                root / "teacher.live")
     cache_cfg = build(TeacherCacheDatasetConfig, {
@@ -145,7 +148,7 @@ def test_student_learns_the_bins_and_is_scored_by_the_expected_value(stsb, tmp_p
     preds = json.loads((tmp_path / "p.json").read_text())["student"]["dev"]
     assert [p["pred"] for p in preds] == pytest.approx(expected.tolist(), abs=1e-4)
 
-    # it learned (an untrained student scores ~0; 3 epochs give 0.61), and the teacher is scored the same way
+    # it learned (an untrained student scores ~0; 3 epochs give 0.63), and the teacher is scored the same way
     assert res["dev"]["pearson"] > 0.4, res["dev"]
     assert res["teacher"]["dev"]["pearson"] == pytest.approx(stsb["teacher_summary"].metrics["pearson"])
 
