@@ -53,6 +53,9 @@ def _killed_push(repo, server) -> int:
     return server.files_closed
 
 
+@pytest.mark.slow  # ~3 min: the tiny pipeline to the report, an SFTP server, three clones and ten DVC commands. Its
+# parts, fast: byte-identical reruns (the SIGKILL/resume tests of teacher_cache, train and augment), the stage graph
+# (tests/test_dvc_deps.py, tests/test_dvc_local_files.py); the remote itself only here (make test-all)
 def test_two_clones_share_the_pipeline_through_an_ssh_remote(tmp_path):
     teacher = make_tiny_bert_dir(tmp_path / "tiny_teacher")
     a, b, c, remote = tmp_path / "A", tmp_path / "B", tmp_path / "C", tmp_path / "remote"

@@ -173,6 +173,8 @@ def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher)
     assert "up to date" in out(sh(repo, DVC, "status", "teacher_cache@polarity", repo=repo))
 
 
+@pytest.mark.slow  # ~75 s: five stages and three DVC commands; tests/test_dvc_local_files.py checks the same graph
+# (the folder is a dep of exactly its dataset's chain) with DVC's own resolver, fast
 def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, teacher):
     repo = working_tree_repo(tmp_path / "repo")
     raw = repo / "data" / "raw" / "tiny_sst2"
@@ -201,6 +203,9 @@ def test_one_byte_in_a_local_file_reruns_exactly_that_datasets_chain(tmp_path, t
     assert ran == ["prepare_local@tiny_sst2", "tokenize@tiny_sst2"], res
 
 
+@pytest.mark.slow  # ~80 s: a DVC pipeline to teacher_finetune, then two stage processes; fast, the same refusal:
+# tests/store/test_store_lock.py (another process holds the store: refused at once, naming its pid) and
+# tests/teacher/test_teacher_cache.py (the stage is refused before it loads its teacher)
 def test_a_second_teacher_cache_process_on_one_store_is_refused(tmp_path, teacher):
     repo = working_tree_repo(tmp_path / "repo")
     params = tiny_params(teacher)
