@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import softmax
 
 from distillpipe.evaluate.metrics import classification_metrics, regression_metrics
 from distillpipe.evaluate.squad import SpanPrediction, best_spans, squad_v2_evaluate
@@ -42,6 +41,8 @@ def example_ids(rows: Any) -> list[str]:
 
 def expected_values(logits: np.ndarray, bin_width: float) -> np.ndarray:
     """Expected score under the predicted bin distribution: (N, C) logits -> (N,) values."""
+    from scipy.special import softmax  # here: an MLM, LM or QA stage need not import SciPy
+
     return softmax(logits, axis=-1) @ (np.arange(logits.shape[-1]) * bin_width)
 
 
