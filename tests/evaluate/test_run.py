@@ -156,3 +156,41 @@ def test_a_recorded_qa_teacher_without_tuned_threshold_is_refused(tmp_path):
                                                        "tuned_threshold": 0.0}))
     recorded = _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
     assert recorded["dev"].metrics["tuned_threshold"] == 0.0
+
+
+def test_a_recorded_teacher_is_not_loaded_and_gives_the_same_bytes(qa_student, tmp_path, monkeypatch):
+    """A teacher teacher_finetune recorded (its dev and test scores, per-example records and parameter counts on these
+    tokens) is read, not loaded and run: the evaluation's files are the bytes a live scoring of it gives."""
+    import shutil
+
+    from datasets import load_from_disk
+
+    import distillpipe.evaluate.run as run_module
+    from distillpipe.evaluate.size import count_parameters
+    from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
+    from distillpipe.teacher.load import load_teacher
+
+    cfg = build(EvaluateConfig, {"device": "cpu", "batch_size": 8, "splits": ["dev", "test"],
+                                 "runs": {"w": RUN}}, "evaluate")
+    recorded = tmp_path / "recorded"
+    shutil.copytree(qa_student["teacher"], recorded)
+    meta, data = read_meta(qa_student["tokens"]), load_from_disk(str(qa_student["tokens"]))
+    teacher, _ = load_teacher(qa_student["teacher"], "qa", "cpu")
+    pad = meta["tokenizer"]["pad_id"]
+    dev = score_teacher(teacher, data["dev"], "qa", pad, torch.device("cpu"), 8, None, qa_student["prepared"])
+    test = score_teacher(teacher, data["test"], "qa", pad, torch.device("cpu"), 8, None, qa_student["prepared"],
+                         split="test", threshold=dev.metrics["tuned_threshold"])
+    (recorded / METRICS_FILE).write_text(json.dumps({"task": "toy_qa", "tokens": meta["fingerprint"], **dev.metrics,
+                                                     "test": test.metrics, "params": count_parameters(teacher)}))
+    (recorded / PREDICTIONS_FILE).write_text(json.dumps({"task": "toy_qa", "tokens": meta["fingerprint"],
+                                                         "dev": dev.examples, "test": test.examples}))
+
+    def evaluate(teacher_dir, out):
+        evaluate_run("w", cfg, cfg.runs["w"], student_dir=qa_student["student"], tokens_dir=qa_student["tokens"],
+                     prepared_dir=qa_student["prepared"], teacher_dir=teacher_dir, out_path=out,
+                     predictions_path=out.with_suffix(".predictions.json"), live_dir=out.with_suffix(".live"))
+        return out.read_bytes(), out.with_suffix(".predictions.json").read_bytes()
+
+    live = evaluate(qa_student["teacher"], tmp_path / "live.json")
+    monkeypatch.setattr(run_module, "load_teacher", lambda *a, **k: pytest.fail("a recorded teacher was loaded"))
+    assert evaluate(recorded, tmp_path / "recorded.json") == live

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from distillpipe.evaluate.size import count_parameters
 from distillpipe.evaluate.speed import measure_throughput, random_batch
-from distillpipe.evaluate.student import count_parameters
 
 
 class _Recorder:

@@ -150,7 +150,7 @@ def test_elmo_exports_for_pytorch_and_is_refused_for_onnx_with_the_reason(cls_ru
     d = tmp_path / "elmo"
     save_student(d, elmo, cfg, student.task, record["record"])
     metrics = json.loads(cls_run["metrics"].read_text())
-    from distillpipe.evaluate.student import count_parameters
+    from distillpipe.evaluate.size import count_parameters
 
     metrics["params"] = count_parameters(elmo)  # the records of this student (a test stand-in for its evaluate)
     (tmp_path / "m.json").write_text(json.dumps(metrics))

@@ -53,6 +53,10 @@ def test_finetune_learns_and_saves(toy, tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
     assert model.config.num_labels == 2 and model.config.id2label[1] == "yes"
     assert tokenizer_sha256(tmp_path / "out") == tokenizer_sha256(base)  # tokens stay valid for this teacher
+    # the parameter counts evaluate shows beside its students, so that it need not load the teacher
+    from distillpipe.evaluate.size import count_parameters
+
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["params"] == count_parameters(model)
     # dvclive: the teacher schema (no test split here), the loss and lr of every step, the task's params
     assert json.loads((tmp_path / "live" / "metrics.json").read_text()) == {
         "dev": s.metrics["accuracy"], "metric": "accuracy", "step": s.steps}

@@ -27,7 +27,8 @@ from distillpipe.config.base import ConfigError
 from distillpipe.config.evaluate import EvaluateConfig, EvaluateRunConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.evaluate.scoring import Scored
-from distillpipe.evaluate.student import count_parameters, primary_metric, score_student
+from distillpipe.evaluate.size import count_parameters
+from distillpipe.evaluate.student import primary_metric, score_student
 from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.runtime import resolve_device
 from distillpipe.students import load_student
@@ -57,12 +58,19 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     if not splits:
         raise ConfigError(f"{tokens_dir} has none of the splits {cfg.splits} (it has {list(data)})")
     head = "qa" if task.kind == "qa" else "classification"
-    teacher, _ = load_teacher(teacher_dir, head, device)
     pairs = task.encoding == "diffcat"
 
     # A fine-tuned teacher was scored on these tokens when teacher_finetune saved it (metrics.json and
-    # predictions.json in its folder); only teachers without those records are run here.
+    # predictions.json in its folder, with its parameter counts); only teachers without those records are loaded
+    # and run here (loading one costs a stage ~4 CPU-s: transformers and the weights).
     recorded = _recorded_teacher(Path(teacher_dir), meta)
+    teacher_params = _recorded_params(Path(teacher_dir), meta)
+    loaded: list = []
+
+    def teacher():
+        if not loaded:
+            loaded.append(load_teacher(teacher_dir, head, device)[0])
+        return loaded[0]
     if task.kind == "qa" and splits != ["dev"]:
         # SQuAD v2's no-answer threshold is tuned on dev and then applied to the other splits, never tuned on
         # test itself; so dev is scored first, even when only test was asked for.
@@ -79,7 +87,7 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
                                        prepared_dir=prepared_dir, split=split, threshold=dev_s.get("tuned_threshold"),
                                        bin_width=task.bin_width)
         teacher_scored[split] = recorded.get(split) or score_teacher(
-            teacher, data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, task.bin_width,
+            teacher(), data[split], meta["task_type"], task.pad_id, device, cfg.batch_size, task.bin_width,
             prepared_dir, split=split, threshold=dev_t.get("tuned_threshold"))
     student_scores = {k: v.metrics or None for k, v in student.items()}
     teacher_scores = {k: v.metrics or None for k, v in teacher_scored.items()}
@@ -90,7 +98,7 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         "dev": student_scores.get("dev"), "test": student_scores.get("test"),
         "params": count_parameters(model),
         "teacher": {"name": run.teacher, "dev": teacher_scores.get("dev"), "test": teacher_scores.get("test"),
-                    "params": count_parameters(teacher)},
+                    "params": teacher_params or count_parameters(teacher())},
         "train": {k: record.get(k) for k in ("steps", "best_step", "init", "trainable_params")},
         # how much dev/test share with train, shown beside the scores (prepare's report; absent for one split)
         **({"leakage": leakage} if (leakage := read_meta(prepared_dir).get("leakage")) else {}),
@@ -117,7 +125,7 @@ def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
     rec, preds = json.loads(metrics_path.read_text()), json.loads(predictions_path.read_text())
     if not rec.get("tokens") == preds.get("tokens") == meta["fingerprint"]:
         return {}
-    dev = {k: v for k, v in rec.items() if k not in ("task", "tokens", "train_rows", "steps", "test")}
+    dev = {k: v for k, v in rec.items() if k not in ("task", "tokens", "train_rows", "steps", "test", "params")}
     if meta["task_type"] == "qa" and "tuned_threshold" not in dev:
         raise ConfigError(f"{metrics_path} has no 'tuned_threshold': an older distillpipe wrote it, whose SQuAD "
                           "fields had other names; re-run teacher_finetune for this teacher (dvc repro)")
@@ -125,6 +133,16 @@ def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
     if rec.get("test"):
         out["test"] = Scored(rec["test"], preds.get("test", []))
     return out
+
+
+def _recorded_params(teacher_dir: Path, meta: dict) -> dict[str, int] | None:
+    """The teacher's parameter counts teacher_finetune recorded beside its scores on exactly these tokens, or None
+    (an imported teacher, one fine-tuned on another dataset, or one recorded before the counts were)."""
+    metrics_path = teacher_dir / METRICS_FILE
+    if not metrics_path.is_file():
+        return None
+    rec = json.loads(metrics_path.read_text())
+    return rec.get("params") if rec.get("tokens") == meta["fingerprint"] else None
 
 
 def _write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:

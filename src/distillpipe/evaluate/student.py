@@ -1,7 +1,7 @@
 """Scoring a student on a tokens split: the metric the training loop early-stops on and the
 ``evaluate`` stage reports. GLUE metrics come from scikit-learn/SciPy (evaluate/metrics.py), QA from
 the official SQuAD v2 procedure (evaluate/squad.py); MLM corpora are scored by masked-token
-cross-entropy and accuracy at the static masks. Also: parameter counts of a model (student or teacher).
+cross-entropy and accuracy at the static masks. Parameter counts: :mod:`distillpipe.evaluate.size`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from distillpipe.data.batching import length_batches
 from distillpipe.data.collate import IGNORE, collate
@@ -132,18 +131,3 @@ def _score_lm(*outputs) -> dict[str, float]:
         correct += int((lm.top1 == lm.target_ids).sum())
         count += n
     return {"lm_loss": loss_sum / max(count, 1), "lm_accuracy": correct / max(count, 1)}
-
-
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """``{"total": ..., "without_embeddings": ...}`` parameter counts (CMOW paper Tables XII-XIII).
-
-    Embeddings are the parameters of ``nn.Embedding`` / ``nn.EmbeddingBag`` modules (token,
-    position, type, CMOW matrix embeddings). Shared or tied parameters are counted once; a weight
-    tied to an embedding (e.g. an MLM decoder) counts as embedding.
-    """
-    params = {id(p): p.numel() for p in model.parameters()}
-    embedding = {
-        id(p) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for p in m.parameters()
-    }
-    total = sum(params.values())
-    return {"total": total, "without_embeddings": total - sum(params[i] for i in embedding if i in params)}

@@ -27,7 +27,7 @@ from distillpipe.config.base import load_params, load_section
 from distillpipe.config.report import ReportConfig
 from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError
-from distillpipe.evaluate.student import count_parameters
+from distillpipe.evaluate.size import count_parameters
 from distillpipe.ship.bundle import (
     CARD_FILE,
     CONFIG_FILE,

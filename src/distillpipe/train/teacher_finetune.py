@@ -29,6 +29,7 @@ from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
+from distillpipe.evaluate.size import count_parameters
 from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.identity import json_sha256, stage_code
 from distillpipe.progress import Progress
@@ -217,7 +218,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     dev = score_teacher(model, data["dev"], task_type, pad_id, dev_device, cfg.batch_size, cfg.regression_bin_width,
                         prepared_dir)
     metrics = dev.metrics
-    report = {"task": task, "tokens": meta["fingerprint"], "train_rows": len(train), "steps": step, **metrics}
+    report = {"task": task, "tokens": meta["fingerprint"], "train_rows": len(train), "steps": step, **metrics,
+              "params": count_parameters(model)}  # what evaluate shows beside the students, without loading it
     predictions = {"task": task, "tokens": meta["fingerprint"], "dev": dev.examples}
     if "test" in data:  # scored once here, so every student evaluation can show it without re-running the teacher
         test = score_teacher(model, data["test"], task_type, pad_id, dev_device, cfg.batch_size,
