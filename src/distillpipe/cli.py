@@ -33,6 +33,7 @@ from distillpipe.commands import (
     train_lm,
     word_vectors,
 )
+from distillpipe.commands.base import keep_freed_memory
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0])
 for name, fn in [
@@ -64,6 +65,7 @@ for name, fn in [
 
 
 def main() -> None:  # pragma: no cover - console entry point
+    keep_freed_memory()
     app(prog_name="distillpipe")
 
 
