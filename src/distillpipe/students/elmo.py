@@ -196,13 +196,14 @@ class Elmo(nn.Module):
         """(N,) the most likely token under the softmax, or the target-able token nearest by cosine."""
         if vectors is not None:
             table = F.normalize(self.input_vectors, dim=-1)  # (V, e); zero rows stay zero
-            allowed = self.input_vectors.ne(0).any(dim=1)  # (V,)
+            banned = self.input_vectors.eq(0).all(dim=1).nonzero()[:, 0]  # the special tokens (no vector)
         parts = []
         for i in range(0, states.shape[0], TOP1_CHUNK):
             s = states[i:i + TOP1_CHUNK]
             if vectors is not None:
                 scores = F.normalize(vectors[i:i + TOP1_CHUNK].float(), dim=-1) @ table.T  # (n, V)
-                parts.append(scores.masked_fill(~allowed, -2.0).argmax(-1))
+                # in place, on the few banned columns: a masked copy of the (n, V) scores cost more than the product
+                parts.append(scores.index_fill_(1, banned, -2.0).argmax(-1))
             elif self.cfg.output == "subword":
                 parts.append(self.mlm_head(s).argmax(-1))
             else:
