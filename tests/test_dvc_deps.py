@@ -101,7 +101,7 @@ def test_the_committed_fingerprints_are_the_codes():
 def test_only_the_fingerprint_stage_depends_on_the_source():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert stages["fingerprint"]["deps"] == ["stages", "src/distillpipe"]
-    assert stages["fingerprint"]["outs"] == [{"fingerprints": {"cache": False}}]
+    assert stages["fingerprint"]["outs"] == [{"fingerprints": {"cache": False, "persist": True}}]
     for name, stage in stage_templates().items():
         source = [d for d in stage["deps"] if d.startswith(("src/", "stages"))]
         assert not source, f"{name} depends on source files {source}: DVC would re-run it for a comment"
@@ -280,7 +280,7 @@ def test_a_dvc_yaml_of_source_deps_gets_the_fingerprint_stage(copy):
                                "src/distillpipe/students/${item.model.student}.py"],
                               ["fingerprints/train.json", "fingerprints/students/${item.model.student}.json"])
     new = yaml.safe_load(text)["stages"]
-    assert list(new)[0] == "fingerprint" and new["fingerprint"]["outs"] == [{"fingerprints": {"cache": False}}]
+    assert list(new)[0] == "fingerprint" and new["fingerprint"]["outs"] == [{"fingerprints": {"cache": False, "persist": True}}]
     (copy / "dvc.yaml").write_text(text)
     subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=copy, check=True)

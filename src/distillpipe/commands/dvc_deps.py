@@ -45,7 +45,7 @@ OLD_ARCHITECTURE_DEP = re.compile(rf"^{SRC}/students/\$\{{(item(?:\.\w+)+)\}}\.p
 SOURCE_DEPS = [STAGES, SRC]
 """The ``fingerprint`` stage's code deps: the source folders it reads."""
 FINGERPRINT_STAGE = {"cmd": f"python -m stages.{SELF} --out {FOLDER}", "deps": list(SOURCE_DEPS),
-                     "outs": [{FOLDER: {"cache": False}}]}
+                     "outs": [{FOLDER: {"cache": False, "persist": True}}]}
 FINGERPRINT_COMMENT = ("seconds: the one stage that reads the source. Its output is small and git-tracked (cache: "
                        "false): a\ncommit's diff of fingerprints/ shows which stages the commit changes.")
 
@@ -120,7 +120,7 @@ def _add_fingerprint_stage(stages) -> None:
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     body = CommentedMap(cmd=FINGERPRINT_STAGE["cmd"], deps=CommentedSeq(SOURCE_DEPS),
-                        outs=CommentedSeq([CommentedMap({FOLDER: CommentedMap(cache=False)})]))
+                        outs=CommentedSeq([CommentedMap({FOLDER: CommentedMap(cache=False, persist=True)})]))
     stages.insert(0, SELF, body)
     body.yaml_set_start_comment(FINGERPRINT_COMMENT, indent=4)
 
