@@ -280,7 +280,8 @@ def test_a_dvc_yaml_of_source_deps_gets_the_fingerprint_stage(copy):
                                "src/distillpipe/students/${item.model.student}.py"],
                               ["fingerprints/train.json", "fingerprints/students/${item.model.student}.json"])
     new = yaml.safe_load(text)["stages"]
-    assert list(new)[0] == "fingerprint" and new["fingerprint"]["outs"] == [{"fingerprints": {"cache": False, "persist": True}}]
+    assert list(new)[0] == "fingerprint"
+    assert new["fingerprint"]["outs"] == [{"fingerprints": {"cache": False, "persist": True}}]
     (copy / "dvc.yaml").write_text(text)
     subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=copy, check=True)
