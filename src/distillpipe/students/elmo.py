@@ -184,7 +184,12 @@ class Elmo(nn.Module):
             out.vectors = self.mlm_head(states)  # (N, e)
             out.target_vectors = self.input_vectors[target_ids]  # (N, e), fixed
         elif self.cfg.output == "subword":
-            out.logprob = torch.log_softmax(self.mlm_head(states).float(), dim=-1).gather(1, target_ids[:, None])[:, 0]
+            # log p(target) = z_target - logsumexp(z): one (N, V) product, read twice, no (N, V) log-softmax written
+            logits = self.mlm_head(states).float()  # (N, V)
+            out.logprob = logits.gather(1, target_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+            if not self.training:
+                out.top1 = logits.detach().argmax(-1)  # the same product, not a second one
+                return out
         else:
             out.logprob = self.mlm_head(states, target_ids).output  # (N,)
         if not self.training:
@@ -193,7 +198,7 @@ class Elmo(nn.Module):
 
     @torch.no_grad()
     def _top1(self, states: torch.Tensor, vectors: torch.Tensor | None) -> torch.Tensor:
-        """(N,) the most likely token under the softmax, or the target-able token nearest by cosine."""
+        """(N,) the most likely token under the adaptive softmax, or the target-able token nearest by cosine."""
         if vectors is not None:
             table = F.normalize(self.input_vectors, dim=-1)  # (V, e); zero rows stay zero
             banned = self.input_vectors.eq(0).all(dim=1).nonzero()[:, 0]  # the special tokens (no vector)
@@ -204,8 +209,6 @@ class Elmo(nn.Module):
                 scores = F.normalize(vectors[i:i + TOP1_CHUNK].float(), dim=-1) @ table.T  # (n, V)
                 # in place, on the few banned columns: a masked copy of the (n, V) scores cost more than the product
                 parts.append(scores.index_fill_(1, banned, -2.0).argmax(-1))
-            elif self.cfg.output == "subword":
-                parts.append(self.mlm_head(s).argmax(-1))
             else:
                 parts.append(self.mlm_head.predict(s))
         return torch.cat(parts) if parts else states.new_zeros(0, dtype=torch.long)
