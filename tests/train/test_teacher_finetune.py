@@ -56,7 +56,10 @@ def test_finetune_learns_and_saves(toy, tmp_path):
     # the parameter counts evaluate shows beside its students, so that it need not load the teacher
     from distillpipe.evaluate.size import count_parameters
 
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["params"] == count_parameters(model)
+    recorded = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert recorded["params"] == count_parameters(model)
+    # a teacher worth distilling from: clearly above the majority class (evaluate/baseline.py), no warning
+    assert recorded["baseline"]["clearly_above"] and recorded["baseline"]["value"] == 0.5 and s.weak is None
     # dvclive: the teacher schema (no test split here), the loss and lr of every step, the task's params
     assert json.loads((tmp_path / "live" / "metrics.json").read_text()) == {
         "dev": s.metrics["accuracy"], "metric": "accuracy", "step": s.steps}

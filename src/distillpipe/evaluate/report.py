@@ -9,7 +9,7 @@ Input: one metrics dict per run, as the ``evaluate`` stage writes them (one JSON
      "params": {"total", "without_embeddings"},
      "speed": {"device", "batch_size", "seq_len", "student_sentences_per_s",
                "teacher_sentences_per_s", "speedup"} | None,
-     "teacher": {"name", "dev", "test" | None, "params"} | None,
+     "teacher": {"name", "dev", "test" | None, "params", "baseline" (optional)} | None,
      "train": {"steps", "best_step", "init", "trainable_params"} (optional),
      "leakage": the prepared dataset's leakage report (optional; :mod:`distillpipe.evaluate.overlap`),
      "predictions": {"student": {split: [record]}, "teacher": {"name", split: [record]}} | None}
@@ -19,6 +19,8 @@ the pairs of rows to compare).
 
 Output, all deterministic (no timestamps, seeded resampling; the same inputs give the same bytes):
 
+0. warnings, when there are any: a teacher not clearly above its trivial baseline, a student above its teacher on
+   dev (:mod:`distillpipe.evaluate.baseline`; the student's row says so too);
 1. a main table: one row per teacher (once per dataset and teacher name) then one per run of that
    dataset, datasets in order of first appearance; every dev/test score with its bootstrap interval; then the
    overlap between each dataset's splits (:mod:`distillpipe.evaluate.overlap`);
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from distillpipe.evaluate.baseline import DOCS, weak_teacher_message
 from distillpipe.evaluate.overlap import overlap_section
 from distillpipe.evaluate.plot import TEACHER_PREFIX, plot_speed_quality
 from distillpipe.evaluate.tables import (
@@ -101,6 +104,34 @@ def _records(predictions: Mapping[str, Any] | None, who: str) -> dict[str, Seque
     return {s: part[s] for s in SPLITS if part.get(s)}
 
 
+def beats_teacher(r: Mapping[str, Any]) -> tuple[float, float] | None:
+    """``(student, teacher)`` dev scores of the primary metric (higher is better) when the student's is above its
+    teacher's, else None."""
+    m = r["primary_metric"]
+    s = (r["dev"] or {}).get(m)
+    t = ((r["teacher"] or {}).get("dev") or {}).get(m)
+    return (s, t) if finite(s) and finite(t) and s > t else None
+
+
+def warnings_section(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Lines for the teachers that are not clearly above their trivial baseline, and the students that beat their
+    teacher on dev (:mod:`distillpipe.evaluate.baseline`); [] when there are none."""
+    lines, seen = [], set()
+    for r in results:
+        t = r["teacher"] or {}
+        check = t.get("baseline")
+        if check and not check.get("clearly_above") and (r["dataset"], t.get("name")) not in seen:
+            seen.add((r["dataset"], t.get("name")))
+            lines.append(f"- **{TEACHER_PREFIX}{r['dataset']}**: {weak_teacher_message(t.get('name'), check)}")
+    for r in results:
+        beat = beats_teacher(r)
+        if beat:
+            m = r["primary_metric"]
+            lines.append(f"- **{r['run']}** beats its teacher on dev ({m} {beat[0]:.4g} vs {beat[1]:.4g}): the "
+                         f"teacher is weaker than its student: undertrained? see {DOCS}")
+    return ["## Warnings", "", *lines] if lines else []
+
+
 def _run_row(r: Mapping[str, Any]) -> Row:
     speed = r["speed"] or {}
     s, t = speed.get("student_sentences_per_s"), speed.get("teacher_sentences_per_s")
@@ -109,7 +140,7 @@ def _run_row(r: Mapping[str, Any]) -> Row:
         run=r["run"],
         dataset=r["dataset"],
         model=r["student"],
-        note=r["note"],
+        note=r["note"] + (" (beats its teacher on dev: see Warnings)" if beats_teacher(r) else ""),
         task_type=r["task_type"],
         primary_metric=r["primary_metric"],
         dev=r["dev"],
@@ -214,7 +245,10 @@ def render_results(
         if strangers:
             raise ValueError(f"report table {spec.title!r} compares {strangers}, which are not among its runs")
     scorer = Scorer(bootstrap)
-    lines = ["# Results", "", _caption(results, bootstrap), "", "## All runs", ""]
+    lines = ["# Results", "", _caption(results, bootstrap), ""]
+    warned = warnings_section(results)
+    lines += [*warned, ""] if warned else []
+    lines += ["## All runs", ""]
     lines += main_table(rows, scorer)
     overlap = overlap_section(results)
     lines += ["", *overlap] if overlap else []

@@ -64,7 +64,8 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     # predictions.json in its folder, with its parameter counts); only teachers without those records are loaded
     # and run here (loading one costs a stage ~4 CPU-s: transformers and the weights).
     recorded = _recorded_teacher(Path(teacher_dir), meta)
-    teacher_params = _recorded_params(Path(teacher_dir), meta)
+    teacher_record = _recorded_record(Path(teacher_dir), meta)
+    teacher_params = teacher_record.get("params")
     loaded: list = []
 
     def teacher():
@@ -98,7 +99,8 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
         "dev": student_scores.get("dev"), "test": student_scores.get("test"),
         "params": count_parameters(model),
         "teacher": {"name": run.teacher, "dev": teacher_scores.get("dev"), "test": teacher_scores.get("test"),
-                    "params": teacher_params or count_parameters(teacher())},
+                    "params": teacher_params or count_parameters(teacher()),
+                    **({"baseline": teacher_record["baseline"]} if teacher_record.get("baseline") else {})},
         "train": {k: record.get(k) for k in ("steps", "best_step", "init", "trainable_params")},
         # how much dev/test share with train, shown beside the scores (prepare's report; absent for one split)
         **({"leakage": leakage} if (leakage := read_meta(prepared_dir).get("leakage")) else {}),
@@ -125,7 +127,8 @@ def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
     rec, preds = json.loads(metrics_path.read_text()), json.loads(predictions_path.read_text())
     if not rec.get("tokens") == preds.get("tokens") == meta["fingerprint"]:
         return {}
-    dev = {k: v for k, v in rec.items() if k not in ("task", "tokens", "train_rows", "steps", "test", "params")}
+    dev = {k: v for k, v in rec.items()
+           if k not in ("task", "tokens", "train_rows", "steps", "test", "params", "baseline")}
     if meta["task_type"] == "qa" and "tuned_threshold" not in dev:
         raise ConfigError(f"{metrics_path} has no 'tuned_threshold': an older distillpipe wrote it, whose SQuAD "
                           "fields had other names; re-run teacher_finetune for this teacher (dvc repro)")
@@ -135,14 +138,14 @@ def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
     return out
 
 
-def _recorded_params(teacher_dir: Path, meta: dict) -> dict[str, int] | None:
-    """The teacher's parameter counts teacher_finetune recorded beside its scores on exactly these tokens, or None
-    (an imported teacher, one fine-tuned on another dataset, or one recorded before the counts were)."""
+def _recorded_record(teacher_dir: Path, meta: dict) -> dict[str, Any]:
+    """What teacher_finetune recorded beside its scores on exactly these tokens (its parameter counts, its check
+    against the trivial baseline), or {} (an imported teacher, one fine-tuned on another dataset)."""
     metrics_path = teacher_dir / METRICS_FILE
     if not metrics_path.is_file():
-        return None
+        return {}
     rec = json.loads(metrics_path.read_text())
-    return rec.get("params") if rec.get("tokens") == meta["fingerprint"] else None
+    return rec if rec.get("tokens") == meta["fingerprint"] else {}
 
 
 def _write_json(path: str | Path, obj: Any, indent: int | None = None) -> None:

@@ -29,6 +29,7 @@ from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta, regression_bins
 from distillpipe.errors import UserError
+from distillpipe.evaluate.baseline import teacher_check, weak_teacher_message
 from distillpipe.evaluate.size import count_parameters
 from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_teacher
 from distillpipe.identity import json_sha256, stage_code
@@ -54,11 +55,13 @@ class FinetuneSummary:
     steps: int
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
+    weak: str | None = None
+    """The warning when the dev score is not clearly above the trivial baseline (evaluate/baseline.py)."""
 
     def one_line(self) -> str:
         m = ", ".join(f"{k} {v:.3f}" for k, v in self.metrics.items() if k in _HEADLINE)
         return (f"teacher_finetune {self.task}: {self.train_rows:,} train rows, {self.steps} steps, "
-                f"{self.seconds:.1f} s; dev {m}")
+                f"{self.seconds:.1f} s; dev {m}" + (f"\nwarning: {self.weak}" if self.weak else ""))
 
 
 def _headline(task_type: str, meta: dict) -> str:
@@ -220,6 +223,13 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     metrics = dev.metrics
     report = {"task": task, "tokens": meta["fingerprint"], "train_rows": len(train), "steps": step, **metrics,
               "params": count_parameters(model)}  # what evaluate shows beside the students, without loading it
+    headline = _headline(task_type, meta)
+    check = teacher_check(task_type, headline, metrics.get(headline, math.nan), dev.examples,
+                          data["train"]["label"] if task_type == "classification" else None)
+    if check is not None:
+        report["baseline"] = check  # evaluate passes it to the report
+        if not check["clearly_above"]:
+            log.warning("%s", weak_teacher_message(task, check))
     predictions = {"task": task, "tokens": meta["fingerprint"], "dev": dev.examples}
     # A task teacher is scored on test once here, so every student evaluation can show it without re-running the
     # teacher. An MLM head is not: its dev scores size teacher_cache's mlm_topk, and no student is scored against it
@@ -233,7 +243,8 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     write_live(live_dir, summary=teacher_summary(_headline(task_type, meta), metrics, report.get("test")),
                params={"task": task, **dataclasses.asdict(cfg)}, curves=steps_log, step=step)
     clear_checkpoints(ckpt_dir)  # the model is saved: a resume point is no longer needed (and may be GBs)
-    return FinetuneSummary(task, len(train), step, time.time() - t0, metrics)
+    return FinetuneSummary(task, len(train), step, time.time() - t0, metrics,
+                           weak=weak_teacher_message(task, check) if check and not check["clearly_above"] else None)
 
 
 def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any], predictions: dict[str, Any]) -> None:
