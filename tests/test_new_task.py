@@ -189,4 +189,71 @@ def test_new_task_sized_to_budget(tmp_path, monkeypatch):
     assert cache == (None if optim["max_steps"] * 32 >= rows else optim["max_steps"] * 32)
     assert new["train"]["runs"]["tiny"]["optim"]["epochs"] == 200  # the --like run is left as it was
     text = "\n".join(lines)
-    assert "train.runs.tiny-mine: epochs" in text and "expected: ~" in text and "measured now on" in text
+    assert "train.runs.tiny-mine: recipe" in text and "chose epochs" in text and "expected: ~" in text
+    assert "measured now on" in text
+
+
+def test_new_task_fits_the_papers_recipes_both_ways(tmp_path, monkeypatch):
+    """The copied teacher is the embedded CPU toy (40 rows, 1 epoch): new-task replaces it with BERT's recipe (every
+    row, 3 epochs) and grows to it when the budget allows, or shrinks it (epochs, then rows) when it does not, saying
+    what the budget keeps short. Rates are a fixed table here, so the arithmetic is checked, not this machine."""
+    import distillpipe.scaffold as scaffold
+    from distillpipe.train.sizing import Rates
+
+    teacher = make_tiny_bert_dir(tmp_path / "tiny_teacher")
+    params = tiny_params(teacher)
+    params["teacher_finetune"]["tasks"]["polarity"].update(epochs=1, max_train_rows=40, lr=1e-3)
+    raw = tmp_path / "data" / "raw" / "mine"
+    raw.mkdir(parents=True)
+    tsv(raw / "train.tsv", 3000, 0)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(scaffold, "measure_teacher", lambda base, kind, n, bs, L, dev: Rates(bs, L, 0.5, 0.05))
+    monkeypatch.setattr(scaffold, "measure_student", lambda m, t, tune, bs, L, dev: Rates(bs, L, 0.001, 0.0001))
+    local = {"format": "glue", "task": "sst2", "path": "data/raw/mine", "files": {"train": "train.tsv"},
+             "encoding": "utf-8", "on_bad_rows": "error", "carve": {"dev": 0.1, "test": 0.1, "seed": 0}}
+
+    def new_task(budget):
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        lines: list[str] = []
+        add_task(tmp_path / "params.yaml", "mine", "polarity", local, budget_minutes=budget, report=lines)
+        rows = dict(part.split() for part in lines[1].split("data: ")[1].split(" rows")[0].split(" / "))
+        task = yaml.safe_load((tmp_path / "params.yaml").read_text())["teacher_finetune"]["tasks"]["mine"]
+        return task, {k: int(v.replace(",", "")) for k, v in rows.items()}, "\n".join(lines)
+
+    task, rows, text = new_task(60)  # 3 epochs of ~2,400 rows at 64 rows/s: ~2 min, well inside
+    assert {k: task[k] for k in ("epochs", "max_train_rows", "lr", "batch_size")} == {
+        "epochs": 3, "max_train_rows": None, "lr": 5e-5, "batch_size": 32}
+    assert f"recipe 3 epochs of all {rows['train']:,} rows" in text and "chose the whole recipe" in text
+    assert "keeps the teacher short" not in text
+
+    task, rows, text = new_task(0.5)  # 30 s: one epoch, and only the rows that fit beside a dev pass
+    dev_s = rows["dev"] / (32 / 0.05)
+    assert task["epochs"] == 1 and task["max_train_rows"] == int((30 - dev_s) * 32 / 0.5) < rows["train"]
+    assert "the budget keeps the teacher short of its recipe" in text and "would fit the recipe" in text
+
+
+def test_copied_runs_get_their_papers_schedules():
+    """Each copied student run gets its architecture's paper schedule (train/recipes.py), not the embedded CPU cap."""
+    from distillpipe.scaffold import plan_task
+
+    params = yaml.safe_load(ROOT_PARAMS.read_text())
+
+    def optims(like, local):
+        return {key: value["optim"] for where, key, value in plan_task(params, "new", like, local)
+                if where in ("train.runs", "finetune.runs")}
+
+    glue = {"format": "glue", "task": "mrpc", "path": "p", "files": {"train": "t"}, "carve": None}
+    pairs = optims("wiki_pairs", glue)
+    assert {k: pairs["hybrid-new"][k] for k in ("epochs", "patience", "max_steps")} == {
+        "epochs": 20, "patience": 5, "max_steps": None}
+    assert pairs["hybrid-new"]["lr"] == params["finetune"]["runs"]["hybrid-wiki_pairs"]["optim"]["lr"]  # grid-searched
+    assert (pairs["minialbert-new"]["epochs"], pairs["minialbert-new"]["lr"]) == (10, 5e-5)
+    assert (pairs["minialbert-new-adapters"]["epochs"], pairs["minialbert-new-adapters"]["lr"]) == (15, 5e-4)
+    qa = optims("wiki_qa", {"format": "squad", "path": "p", "files": {"train": "t"}, "carve": None})
+    assert params["train"]["runs"]["waldorf-baseline"]["optim"]["max_steps"] is not None  # the embedded cap...
+    assert {k: qa["waldorf-baseline-new"][k] for k in ("epochs", "lr", "batch_size", "max_steps")} == {
+        "epochs": 35, "lr": 2e-4, "batch_size": 24, "max_steps": None}  # ...gone: WaLDORf's Table 5
+    teacher = next(v for w, k, v in plan_task(params, "new", "wiki_qa", {"format": "squad", "path": "p",
+                                                                           "files": {"train": "t"}, "carve": None})
+                   if w == "teacher_finetune.tasks")
+    assert (teacher["epochs"], teacher["max_train_rows"], teacher["lr"]) == (2, None, 5e-5)

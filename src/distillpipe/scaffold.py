@@ -3,16 +3,17 @@
 A task touches eight sections: its data source (``prepare.local``), ``tokenize``, its teacher
 (``teacher_finetune``, ``teacher_cache``), the student runs on it (``train``/``finetune``), their
 ``evaluate`` (and ``speed``) entries and a ``report`` table. :func:`add_task` writes all of them, modelled on an
-existing dataset of the same kind (``--like polarity``: same lengths, teacher recipe, signals,
-students and table layout), so no value comes from code: every number is one params.yaml already
-has, and the user edits the copy. The new entries are inserted as text at the end of their blocks,
+existing dataset of the same kind (``--like polarity``: same lengths, signals, students and table layout), with
+the schedules of the papers' recipes (:mod:`distillpipe.train.recipes`: the embedded ones are CPU-minute toys),
+and the user edits the copy. The new entries are inserted as text at the end of their blocks,
 so the rest of the file (comments, flow maps, ``null``) stays byte for byte; the result is built
 with every touched section's config class before anything is written.
 
 Only runs whose student reads the new data are copied: runs initialised from a ``train_lm`` language model (the
 ELMo heads) need the word-vector and biLM stages and are left out unless asked for (``elmo=True``). Copied report
-tables get a caption of the new task, not the embedded one. With a ``budget`` the copied schedules are sized to
-the new data on this machine (:func:`size_task`, :mod:`distillpipe.train.sizing`).
+tables get a caption of the new task, not the embedded one. With a ``budget`` the recipes are fitted to the new
+data on this machine (:func:`size_task`, :mod:`distillpipe.train.sizing`): each training stage gets its whole
+recipe or what fits the budget, whichever is less.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from distillpipe.data.tokenize import load_tokenizer
 from distillpipe.errors import UserError
 from distillpipe.runtime import resolve_device
 from distillpipe.students.base import TaskSpec
+from distillpipe.train.recipes import student_recipe, teacher_recipe
 from distillpipe.train.sizing import Rates, measure_student, measure_teacher, size_student, size_teacher
 
 KIND_OF_FORMAT = {"glue": "classification", "squad": "qa", "text": "mlm", "jsonl": "mlm"}
@@ -95,6 +97,7 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
             task["regression_bin_width"] = STSB_BIN_WIDTH
         elif not regression:
             task["regression_bin_width"] = None
+        task.update(teacher_recipe("qa" if kind == "qa" else "regression" if regression else "classification"))
         plan.append(("teacher_finetune.tasks", name, task))
     if like in params["teacher_cache"]["datasets"]:
         entry = copy.deepcopy(params["teacher_cache"]["datasets"][like])
@@ -111,7 +114,10 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
             new = _renamed(run, like, name)
             if new in existing or new in runs.values():
                 raise ConfigError(f"{section}.runs.{new} exists already: rename it or choose another task name")
-            plan.append((f"{section}.runs", new, {**copy.deepcopy(cfg), "dataset": name}))
+            value = {**copy.deepcopy(cfg), "dataset": name}
+            student = (value.get("model") or {}).get("student") or value.get("student")
+            value["optim"].update(student_recipe(section, student, value.get("tune"))[0])
+            plan.append((f"{section}.runs", new, value))
             runs[run] = new
     for run, new in runs.items():
         if run in params["evaluate"]["runs"]:
@@ -237,9 +243,15 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
             lines.append(f"  teacher_finetune.tasks.{name}: copied as it is, not measured: {e}")
         if teacher_rates is not None:
             sized = _sized(size_teacher, task, train_rows, dev_rows, teacher_rates, budget_s)
+            recipe = f"{task['epochs']} epochs of all {train_rows:,} rows at lr {task['lr']:g} (BERT's)"
             task.update(sized.changes)
             total += sized.seconds
-            lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step"))
+            lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step", recipe))
+            if sized.changes:
+                lines.append(f"    the budget keeps the teacher short of its recipe ({sized.note}): expect a weaker "
+                             "teacher, and weaker students, than the recipe's; "
+                             f"--budget {math.ceil(sized.copied_seconds / 60 * 1.1)} would fit the recipe. "
+                             "teacher_finetune warns when its dev score is not clearly above the trivial baseline")
     student_rows = []
     measured: dict[str, Rates] = {}  # runs of one network and batch (hybrid-x, hybrid-x-hard) are measured once
     train_cfg, finetune_cfg = built["train"], built["finetune"]
@@ -267,13 +279,16 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
         if key_ not in measured:
             measured[key_] = measure_student(model_cfg, spec, tune, value["optim"]["batch_size"], L, device)
         rates = measured[key_]
+        optim = value["optim"]
+        recipe = (f"{optim['epochs']} epochs" + (f", patience {optim['patience']}" if optim["patience"] else "")
+                  + f" ({student_recipe(where.split('.')[0], model_cfg.student, tune)[1]})")
         sized = _sized(size_student, value["optim"], train_rows, dev_rows, rates, budget_s)
         value["optim"].update(sized.changes)
         total += sized.seconds
         optim = value["optim"]
         steps = optim["max_steps"] or optim["epochs"] * math.ceil(train_rows / optim["batch_size"])
         student_rows.append(min(train_rows, steps * optim["batch_size"]))
-        lines.append(_line(f"{where}.{key}", sized, rates, "step"))
+        lines.append(_line(f"{where}.{key}", sized, rates, "step", recipe))
     cache = entries.get(("teacher_cache.datasets", name))
     if cache is not None and student_rows:
         read, why = min(max(student_rows), train_rows), "the most rows a student run reads"
@@ -293,10 +308,11 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
     return lines
 
 
-def _line(key: str, sized, rates: Rates, unit: str) -> str:
-    changed = ", ".join(f"{k} {v}" for k, v in sized.changes.items()) or "unchanged"
-    return (f"  {key}: {changed}: {sized.note}; ~{_minutes(sized.seconds)} (copied: ~{_minutes(sized.copied_seconds)})"
-            f"; {rates.step_s:.3f} s a {unit} of {rates.batch_size}, {rates.forward_rows_per_s():,.0f} rows/s forward")
+def _line(key: str, sized, rates: Rates, unit: str, recipe: str) -> str:
+    chose = ", ".join(f"{k} {v}" for k, v in sized.changes.items()) or "the whole recipe"
+    return (f"  {key}: recipe {recipe}; chose {chose}: {sized.note}; ~{_minutes(sized.seconds)} (the recipe: "
+            f"~{_minutes(sized.copied_seconds)}); {rates.step_s:.3f} s a {unit} of {rates.batch_size}, "
+            f"{rates.forward_rows_per_s():,.0f} rows/s forward")
 
 
 def _sized(fn, *args):

@@ -36,16 +36,16 @@ def new_task(name: Annotated[str, typer.Argument(help="the new dataset's name (e
                                                                     "value")] = None,
              encoding: Annotated[str, typer.Option(help="text encoding of the files")] = "utf-8",
              budget: Annotated[float, typer.Option(help="minutes a training stage (teacher fine-tuning, each student "
-                                                        "run) may take on this machine: the copied schedules are "
-                                                        "sized to the new data and these minutes from rates measured "
-                                                        "now; 0 copies them as they are")] = 30.0,
+                                                        "run) may take on this machine: each gets the papers' recipe "
+                                                        "or what fits these minutes on the new data, from rates "
+                                                        "measured now; 0 writes the recipes unfitted")] = 30.0,
              elmo: Annotated[bool, typer.Option(help="also copy the runs initialised from an ELMo language model "
                                                      "(train_lm; they add the word-vector and biLM stages)")] = False,
              dry_run: Annotated[bool, typer.Option(help="print what would be added, write nothing")] = False,
              params: ParamsOpt = Path("params.yaml")) -> None:
     """Add a task from your files: its prepare.local, tokenize, teacher, student runs, evaluate and report entries,
-    copied from the dataset given by --like, with schedules sized to your data and --budget (it reads the files and
-    measures this machine, ~10-60 s). Then `dvc repro` runs it from prepare to report."""
+    copied from the dataset given by --like, with the papers' training recipes fitted to your data and --budget (it
+    reads the files and measures this machine, ~10-60 s). Then `dvc repro` runs it from prepare to report."""
     if fmt == "glue" and not task:
         raise ConfigError("--format glue needs --task (sst2, mrpc, stsb, ...)")
     files = {"train": train, **({"dev": dev} if dev else {}), **({"test": test} if test else {})}

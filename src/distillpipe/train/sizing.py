@@ -7,14 +7,15 @@ of the new data's mean length: a teacher training step (forward, backward, AdamW
 included: data loading, the losses on cached teacher signals (small for logits; WaLDORf's hidden-state and
 attention losses add more), other work on the machine. So the times are estimates, good to maybe +-50%.
 
-**Schedules.** A training stage gets at most ``budget`` seconds:
+**Schedules.** A training stage gets its recipe (:mod:`distillpipe.train.recipes`: the papers' schedules, not the
+embedded CPU-sized ones) or at most ``budget`` seconds, whichever is less:
 
-* a student run keeps its copied schedule when it fits; otherwise it gets ``max_steps`` = the steps that fit after
+* a student run keeps its recipe when it fits; otherwise it gets ``max_steps`` = the steps that fit after
   :data:`EVALS` dev evaluations, ``eval_every`` = max_steps / EVALS (the copied "each epoch" would evaluate once
-  or never in a cut run), and ``patience`` the same share of its evaluations as the copied recipe had (5 of 20
+  or never in a cut run), and ``patience`` the same share of its evaluations as the recipe had (5 of 20
   epochs -> 3 of 10);
-* the teacher fine-tuning keeps its recipe when it fits; otherwise fewer epochs first (down to 1: more distinct
-  rows beat repeats), then ``max_train_rows``;
+* the teacher fine-tuning keeps its recipe (every row) when it fits; otherwise fewer epochs first (down to 1: more
+  distinct rows beat repeats), then ``max_train_rows``;
 * the teacher cache holds the rows the students read (their steps x batch size), or all, or as many as the
   teacher's forward pass gets through in the budget (the students then repeat them).
 """
@@ -162,7 +163,7 @@ def size_student(optim: dict, train_rows: int, dev_rows: int, rates: Rates, budg
     dev_s = dev_rows / rates.forward_rows_per_s()
     copied = steps * rates.step_s + evals * dev_s
     if copied <= budget_s:
-        return Sized({}, copied, copied, f"copied schedule fits: {steps:,} steps, {evals} evaluations")
+        return Sized({}, copied, copied, f"the recipe fits: {steps:,} steps, {evals} evaluations")
     fit = int((budget_s - EVALS * dev_s) / rates.step_s)
     if fit < EVALS:
         raise ValueError(f"{budget_s / 60:.1f} min leave no room for {EVALS} steps and {EVALS} dev evaluations "
@@ -172,7 +173,7 @@ def size_student(optim: dict, train_rows: int, dev_rows: int, rates: Rates, budg
         changes["patience"] = max(2, round(optim["patience"] / evals * EVALS))
     changes = {k: v for k, v in changes.items() if v != optim[k]}
     seconds = fit * rates.step_s + EVALS * dev_s
-    return Sized(changes, seconds, copied, f"{fit:,} of the copied {steps:,} steps ({fit / per_epoch:.2f} epochs of "
+    return Sized(changes, seconds, copied, f"{fit:,} of the recipe's {steps:,} steps ({fit / per_epoch:.2f} epochs of "
                                            f"{per_epoch:,}), {EVALS} evaluations")
 
 
@@ -183,7 +184,7 @@ def size_teacher(task: dict, train_rows: int, dev_rows: int, rates: Rates, budge
     dev_s = dev_rows / rates.forward_rows_per_s()
     copied = task["epochs"] * (rows / train_rps + dev_s)
     if copied <= budget_s:
-        return Sized({}, copied, copied, f"copied recipe fits: {task['epochs']} epochs of {rows:,} rows")
+        return Sized({}, copied, copied, f"the recipe fits: {task['epochs']} epochs of {rows:,} rows")
     for epochs in range(task["epochs"], 0, -1):  # fewer epochs first, then fewer rows
         fit = int((budget_s / epochs - dev_s) * train_rps)
         if fit >= rows or epochs == 1:
@@ -195,5 +196,5 @@ def size_teacher(task: dict, train_rows: int, dev_rows: int, rates: Rates, budge
     changes = {"epochs": epochs, "max_train_rows": None if fit >= train_rows else fit}
     changes = {k: v for k, v in changes.items() if v != task[k]}
     seconds = epochs * (fit / train_rps + dev_s)
-    return Sized(changes, seconds, copied, f"{epochs} epoch(s) of {fit:,} rows (copied: {task['epochs']} of "
+    return Sized(changes, seconds, copied, f"{epochs} epoch(s) of {fit:,} rows (the recipe: {task['epochs']} of "
                                            f"{rows:,})")
