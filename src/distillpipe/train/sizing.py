@@ -163,7 +163,7 @@ def size_student(optim: dict, train_rows: int, dev_rows: int, rates: Rates, budg
     dev_s = dev_rows / rates.forward_rows_per_s()
     copied = steps * rates.step_s + evals * dev_s
     if copied <= budget_s:
-        return Sized({}, copied, copied, f"the recipe fits: {steps:,} steps, {evals} evaluations")
+        return Sized({}, copied, copied, f"{steps:,} steps, {evals} evaluations")
     fit = int((budget_s - EVALS * dev_s) / rates.step_s)
     if fit < EVALS:
         raise ValueError(f"{budget_s / 60:.1f} min leave no room for {EVALS} steps and {EVALS} dev evaluations "
@@ -184,7 +184,7 @@ def size_teacher(task: dict, train_rows: int, dev_rows: int, rates: Rates, budge
     dev_s = dev_rows / rates.forward_rows_per_s()
     copied = task["epochs"] * (rows / train_rps + dev_s)
     if copied <= budget_s:
-        return Sized({}, copied, copied, f"the recipe fits: {task['epochs']} epochs of {rows:,} rows")
+        return Sized({}, copied, copied, f"{task['epochs']} epochs of {rows:,} rows")
     for epochs in range(task["epochs"], 0, -1):  # fewer epochs first, then fewer rows
         fit = int((budget_s / epochs - dev_s) * train_rps)
         if fit >= rows or epochs == 1:
