@@ -214,7 +214,7 @@ def child_train(a: argparse.Namespace) -> None:
                       "layer_map": [2], "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0,
                                                      "temperature": 1.0, "temperature_decay": False}},
         "optim": {"epochs": 1, "max_steps": None, "batch_size": BATCH, "lr": 1e-3, "weight_decay": 0.0,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 50, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
     }, "bench")  # fmt: skip
     loader = build(LoaderConfig, {"block_rows": a.block_rows, "buffer_blocks": 2, "streams": 1}, "loader")
     out = Path(a.work)

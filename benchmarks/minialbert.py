@@ -64,7 +64,7 @@ def make_run(tune: str, model: MiniALBERTConfig, args: argparse.Namespace, tmp: 
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                    "temperature_decay": False}},
         "optim": {"epochs": 1000, "max_steps": None, "batch_size": args.batch_size, "lr": 1e-4, "weight_decay": 0.01,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 10**9, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10**6, "seed": 0},
         "note": "benchmark"}, f"benchmark.{tune}")
     r = build_run(f"bench-{tune}", model_cfg=model, run=run, loader_cfg=LoaderConfig(64, 4, 1), device=args.device,
                   tokens_dir=args.tokens, store_path=args.teacher_cache, prepared_dir=None, ckpt_dir=tmp / tune)

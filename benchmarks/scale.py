@@ -108,7 +108,7 @@ def ddp_step_time(tmp: Path, train_rows: int) -> None:
                          "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                       "temperature_decay": False}},
            "optim": {"epochs": 2, "max_steps": None, "batch_size": 64, "lr": 1e-3, "weight_decay": 0.0,
-                     "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 10_000, "seed": 0},
+                     "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10**6, "seed": 0},
            "note": "bench"}
     params = write_params(tmp / "params.yaml", {"train": {"device": "cpu", "runs": {"r": run},
                                                           "loader": {"block_rows": 64, "buffer_blocks": 4,

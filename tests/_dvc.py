@@ -64,7 +64,7 @@ def tiny_params(teacher: Path) -> dict:
     params["tokenize"].update(tokenizer=str(teacher), max_seq_len=32,
                               datasets={"polarity": {"kind": "classification", "max_seq_len": None}})
     params["teacher_import"]["models"] = {"base": str(teacher)}
-    params["teacher_finetune"].update(device="cpu", tasks={"polarity": finetune_params(epochs=1, checkpoint_every=100)})
+    params["teacher_finetune"].update(device="cpu", tasks={"polarity": finetune_params(epochs=1)})
     pol = params["teacher_cache"]["datasets"]["polarity"]
     params["teacher_cache"].update(device="cpu", shard_rows=64, datasets={"polarity": pol})
     run = params["finetune"]["runs"]["hybrid-polarity"]

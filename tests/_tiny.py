@@ -190,7 +190,7 @@ def make_classification_store(root: Path) -> dict:
 def finetune_params(**over) -> dict:
     cfg = {"epochs": 3, "batch_size": 8, "lr": 2e-3, "weight_decay": 0.0, "warmup_fraction": 0.0,
            "max_grad_norm": 1.0, "max_train_rows": None, "regression_bin_width": None,
-           "checkpoint_every": 4, "seed": 0}
+           "checkpoint_minutes": 10, "seed": 0}
     cfg.update(over)
     return cfg
 
@@ -206,19 +206,20 @@ def dumps(obj) -> str:
     return json.dumps(obj, indent=2)
 
 
-# `distillpipe train` in a subprocess that SIGKILLs itself right after writing the checkpoint of step
-# KILL_AT_STEP (the hardest place to be killed: the next step has not started, nothing was flushed).
+# `distillpipe train` in a subprocess that SIGKILLs itself right after the checkpoint of step KILL_AT_STEP is on disk:
+# from the background thread that wrote it (checkpoints.Checkpointer), while training has gone on (nothing of it
+# was saved since, and the next checkpoint's write cannot have started: it waits for this one).
 _TRAIN_DRIVER = """
 import os, signal, sys
-from distillpipe.train import loop
+from distillpipe import checkpoints
 kill_at = int(os.environ["KILL_AT_STEP"])
-orig = loop.save_checkpoint
+orig = checkpoints.save_checkpoint
 def save(folder, step, state, keep=2):
     path = orig(folder, step, state, keep)
     if step == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
     return path
-loop.save_checkpoint = save
+checkpoints.save_checkpoint = save
 from distillpipe.cli import app
 app(sys.argv[1:], prog_name="train")
 """

@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import typer
 from _fulldisk import FullDisk
 
 from distillpipe.checkpoints import (
+    Checkpointer,
     CheckpointRefused,
     list_checkpoints,
     load_latest,
@@ -213,3 +215,243 @@ def test_only_the_main_process_removes_and_only_after_the_barrier(tmp_path, capl
     assert resume_or_restart(tmp_path, IDENTITY, key="identity", main=True,
                              barrier=lambda: seen.append(len(list_checkpoints(tmp_path)))) is None
     assert seen == [1, 1] and list_checkpoints(tmp_path) == []  # the file was still there at the barrier
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_checkpoints_are_due_by_the_clock_and_written_in_the_background(tmp_path):
+    """Steps of 25 s and a 1-minute interval: due at the first step 60 s after the last checkpoint began (steps 3,
+    6, 9, ...: 75 s each), whatever the step count; what is written is the state as it was when saved, though the
+    caller changes its tensors at once."""
+    clock, folder = FakeClock(), tmp_path / "ckpt"
+    w = torch.zeros(1000)
+    saved = {}
+    with Checkpointer(folder, 1.0, clock=clock) as ck:
+        for step in range(1, 11):
+            clock.t += 25
+            w += 1  # the training step, in place as an optimizer does
+            if ck.due():
+                ck.save(step, {"w": w, "step": step})
+                saved[step] = w.clone()
+                w += 1000  # changed right away: the staged copy must not see it
+    assert ck.saved == list(saved) == [3, 6, 9]
+    assert [p.name for p in list_checkpoints(folder)] == ["step-000000006.pt", "step-000000009.pt"]
+    for step in (6, 9):
+        state = torch.load(folder / f"step-{step:09d}.pt", weights_only=True)
+        assert state["step"] == step and torch.equal(state["w"], saved[step])
+    every = Checkpointer(tmp_path / "every", 0, clock=clock)
+    assert every.due() and every.due()  # 0: every step, with no time passing
+
+
+def test_staged_state_keeps_tied_tensors_tied(tmp_path):
+    w = torch.randn(100, 50)
+    with Checkpointer(tmp_path, 0) as ck:
+        ck.save(1, {"model": {"emb": w, "decoder": w}, "other": w[:10]})
+    state = torch.load(tmp_path / "step-000000001.pt", weights_only=True)
+    assert state["model"]["emb"].untyped_storage().data_ptr() == state["model"]["decoder"].untyped_storage().data_ptr()
+    assert torch.equal(state["model"]["emb"], w) and torch.equal(state["other"], w[:10])
+    assert (tmp_path / "step-000000001.pt").stat().st_size < 1.4 * (w.numel() * 4)  # the tied pair written once
+
+
+def test_a_full_disk_in_the_background_stops_the_training_thread_with_one_message(tmp_path):
+    clock, folder = FakeClock(), tmp_path / "ckpt"
+    ck = Checkpointer(folder, 1.0, clock=clock)
+    ck.save(1, _state(1))
+    ck.wait()
+    with FullDisk(folder, 4096) as disk:
+        ck.save(2, _state(2))  # returns at once: the write fails on its thread
+        ck._thread.join()
+        with pytest.raises(DiskFull, match=re.escape(f"writing checkpoint {folder / 'step-000000002.pt'}: it needs ~")):
+            ck.due()  # the training thread's next question raises it
+    assert disk.failed and [p.name for p in folder.iterdir()] == ["step-000000001.pt"]
+    ck.wait()  # raised once, not again
+    assert load_latest(folder)["step"] == 1
+
+
+def test_a_second_checkpoint_waits_for_the_write_in_flight(tmp_path, monkeypatch):
+    """Never two writes at once: save() of the next checkpoint returns only after the previous file is complete."""
+    import distillpipe.checkpoints as checkpoints
+
+    release, order = threading.Event(), []
+    original = checkpoints.save_checkpoint
+
+    def slow(folder, step, state, keep=2):
+        order.append(("start", step))
+        if step == 1:
+            release.wait(10)
+        path = original(folder, step, state, keep)
+        order.append(("done", step))
+        return path
+
+    monkeypatch.setattr(checkpoints, "save_checkpoint", slow)
+    ck = Checkpointer(tmp_path, 0)
+    ck.save(1, _state(1))
+    second = threading.Thread(target=ck.save, args=(2, _state(2)))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and order == [("start", 1)]  # held until the first write is done
+    release.set()
+    second.join(10)
+    ck.wait()
+    assert order == [("start", 1), ("done", 1), ("start", 2), ("done", 2)]
+
+
+# A checkpoint's background write that is SIGKILLed half-way through its file: the driver slows the writes of step 2's
+# file down, says when half of it is out, and the test kills the process there while its training thread runs on.
+KILL_MID_FILE = """
+import builtins, io, os, sys, time
+import torch
+from distillpipe.checkpoints import Checkpointer
+folder, marker = sys.argv[1], sys.argv[2]
+real_open = io.open
+class Slow:
+    def __init__(self, f):
+        self.f, self.n = f, 0
+    def write(self, data):
+        self.n += memoryview(data).nbytes
+        if self.n > 4_000_000:
+            open(marker, "w").close()
+            time.sleep(60)
+        return self.f.write(data)
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+def slow_open(file, mode="r", *a, **k):
+    f = real_open(file, mode, *a, **k)
+    return Slow(f) if "step-000000002" in str(file) and "w" in mode else f
+ck = Checkpointer(folder, 0)
+state = {"w%d" % i: torch.full((250_000,), float(i)) for i in range(8)}
+ck.save(1, {**state, "step": 1})
+ck.wait()
+builtins.open = io.open = slow_open
+ck.save(2, {**{k: v + 1 for k, v in state.items()}, "step": 2})
+while True:  # training goes on
+    torch.randn(100, 100) @ torch.randn(100, 100)
+"""
+
+
+def test_a_background_write_killed_mid_file_leaves_the_previous_checkpoint_usable(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder, marker = tmp_path / "ckpt", tmp_path / "half-written"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_MID_FILE, str(folder), str(marker)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert marker.exists(), proc.communicate()[0] if proc.poll() is not None else "the driver never got half-way"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = folder / "step-000000002.pt.partial"
+    assert partial.stat().st_size > 3_000_000  # torn: half of step 2's file
+    state = load_latest(folder)
+    assert state["step"] == 1 and all(torch.equal(state[f"w{i}"], torch.full((250_000,), float(i))) for i in range(8))
+    assert not partial.exists() and [p.name for p in folder.iterdir()] == ["step-000000001.pt"]
+
+
+# A small training loop that checkpoints the way the stages do (model, optimizer, scheduler, RNG states, the position
+# in the epoch; resume_or_restart; a Checkpointer, here after every step so that kills land mid-write too). Run with a
+# folder it checkpoints and resumes there; with "-" it is the uninterrupted reference, with no checkpoint code at all.
+TOY_TRAINING = """
+import sys, time
+import torch
+from distillpipe.checkpoints import Checkpointer, resume_or_restart
+from distillpipe.runtime import rng_state, seed_everything, set_rng_state
+
+def train(folder, steps=60, started=None):
+    seed_everything(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Dropout(0.2), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / steps)
+    x, y = torch.randn(960, 64, generator=torch.Generator().manual_seed(1)), torch.randn(960, 64)
+    step, pos = 0, 0
+    ck = None
+    if folder != "-":
+        state = resume_or_restart(folder, "toy", key="run_id")
+        if state is not None:
+            model.load_state_dict(state["model"]), opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"]), set_rng_state(state["rng"])
+            step, pos = state["step"], state["pos"]
+        ck = Checkpointer(folder, 0)
+    if started:
+        open(started, "w").close()
+    while step < steps:
+        order = torch.randperm(960, generator=torch.Generator().manual_seed(step // 30))  # an epoch: 30 batches
+        idx = order[pos * 32:(pos + 1) * 32]
+        loss = ((model(x[idx]) - y[idx]) ** 2).mean()
+        loss.backward()
+        opt.step(), sched.step(), opt.zero_grad()
+        step, pos = step + 1, (pos + 1) % 30
+        if ck is not None and ck.due():
+            ck.save(step, {"run_id": "toy", "model": model.state_dict(), "optimizer": opt.state_dict(),
+                           "scheduler": sched.state_dict(), "rng": rng_state(), "step": step, "pos": pos})
+    if ck is not None:
+        ck.wait()
+    return model.state_dict()
+
+if __name__ == "__main__":
+    weights = train(sys.argv[1], started=sys.argv[3])
+    torch.save(weights, sys.argv[2])
+"""
+
+
+@pytest.mark.slow  # ~20-30 s on 2 busy cores: 5 processes, each importing torch
+def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_weights(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "toy_training.py"
+    script.write_text(TOY_TRAINING)
+    namespace: dict = {}
+    exec(compile(TOY_TRAINING, str(script), "exec"), namespace)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the runs below (OMP_NUM_THREADS=1): the same float sums, bit for bit
+    try:
+        reference = namespace["train"]("-")
+    finally:
+        torch.set_num_threads(threads)
+
+    folder, out, started = tmp_path / "ckpt", tmp_path / "weights.pt", tmp_path / "started"
+    rng = random.Random(0)
+    kills, resumed_at = 0, []
+
+    def run():
+        started.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, str(script), str(folder), str(out), str(started)],
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+        while not started.exists() and proc.poll() is None:
+            time.sleep(0.005)
+        return proc
+
+    for _ in range(4):
+        proc = run()
+        try:
+            proc.wait(timeout=rng.uniform(0.02, 0.5))  # a moment in training: mid-step, mid-staging or mid-write
+            break  # finished first
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            newest = list_checkpoints(folder)
+            resumed_at.append(int(newest[-1].name[5:14]) if newest else 0)
+    proc = run()
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    assert out.exists(), "the run never finished"
+    assert kills >= 2 and len(set(resumed_at)) >= 2, (kills, resumed_at)  # killed at different places
+    got = torch.load(out, weights_only=True)
+    assert got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in got)

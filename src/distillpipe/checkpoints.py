@@ -1,10 +1,18 @@
-"""Atomic training checkpoints with ``resume: auto`` semantics.
+"""Atomic training checkpoints with ``resume: auto`` semantics, taken by the clock and written in the background.
 
 A checkpoint is one ``step-<n>.pt`` file written to a temp name and renamed into place, so a
 kill at any moment leaves either the old or the new checkpoint, never a torn one; so does a full disk,
 which stops the run with one message (the space needed and free). Only the newest ``keep`` files are kept.
 :func:`resume_or_restart` is the resume decision of every training loop: the newest checkpoint if the run
 that wrote it had the same identity, else a fresh start.
+
+**When and how** (:class:`Checkpointer`, used by every training loop): a checkpoint is due once
+``checkpoint_minutes`` of wall-clock time have passed since the last one (the loops also take one at each dev
+evaluation that improves the best score), so a kill loses at most that interval, whatever a step costs. The state
+is copied to host memory (buffers reused from one checkpoint to the next) and written by a background thread while
+training goes on; the next checkpoint waits for the previous write, so there is never more than one in flight
+and one host copy. :func:`checkpoint_interval` is the interval that keeps the cost under a share of the run
+(``distillpipe new-task --budget`` writes it).
 
 No checkpoint is unpickled: a checkpoint holds tensors and plain Python values only (checked when it is
 saved) and is read with ``torch.load(weights_only=True)``, whose unpickler builds nothing else and calls
@@ -18,10 +26,14 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import pickle
 import pickletools
 import re
+import tempfile
+import threading
+import time
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
@@ -267,3 +279,148 @@ def _restart(folder: str | Path, why: str, main: bool, barrier: Callable[[], Non
     if main:
         clear_checkpoints(folder)
     return None
+
+
+class Checkpointer:
+    """A training loop's checkpoints: due by the clock, staged in host memory, written on a background thread.
+
+    ``minutes`` is the wall-clock interval: :meth:`due` is true once it has passed since the last checkpoint began
+    (or since the run started or resumed); 0 makes every step due (the resume tests use it). :meth:`save` copies the
+    state's tensors into host buffers (kept for the next checkpoint: no fresh GBs each time), so the caller may
+    change its weights as soon as it returns, and starts :func:`save_checkpoint` on a thread: the same atomic file
+    (temp name, fsync, rename) and the same :class:`~distillpipe.errors.DiskFull` message, raised in the training
+    thread by the next :meth:`due`, :meth:`save` or :meth:`wait`. A second :meth:`save` first waits for the write
+    in flight. Use it as a context manager: leaving it waits for the last write (quietly when an error is already
+    on its way out, so that error is the one reported). ``main=False`` (a DDP rank other than 0) writes nothing.
+
+    Why a plain thread and not ``torch.distributed.checkpoint.async_save``: DCP writes a folder of shards plus
+    metadata that only ``dcp.load`` reads back, in place, into a state dict built beforehand, and it needs a process
+    group; our checkpoint is one file that ``torch.load(weights_only=True)`` reads on its own, renamed into place
+    atomically, with the resume identity and logs beside the weights. What async_save adds is the staging copy to
+    (pinned) host memory and a thread that writes it: both are here in a few lines. A thread and not a process,
+    because the write is I/O (file writes and fsync release the GIL) and a process would need the state copied to
+    it a second time.
+    """
+
+    def __init__(self, folder: str | Path, minutes: float, *, keep: int = 2, main: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.folder, self.interval_s, self.keep, self.main = Path(folder), 60.0 * minutes, keep, main
+        self._clock = clock
+        self._last = clock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self.saved: list[int] = []
+        """The steps whose checkpoint was started, in order (written unless an error was raised since)."""
+
+    def due(self) -> bool:
+        """True when the interval has passed since the last checkpoint; raises a failed write's error."""
+        self._raise_failed()
+        return self._clock() - self._last >= self.interval_s
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Stage ``state`` in host memory and write it as ``step-<step>.pt`` in the background."""
+        self.wait()  # never two writes in flight; the staging buffers are free again
+        self._last = self._clock()
+        if not self.main:
+            return
+        check_plain(state)
+        staged = self._stage(state, (), {})
+        self.saved.append(step)
+        self._thread = threading.Thread(target=self._write, args=(step, staged), name=f"checkpoint-{step}")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the write in flight is on disk; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise_failed()
+
+    def clear(self) -> None:
+        """Wait for the write in flight, then remove every checkpoint (the stage's outputs are saved)."""
+        self.wait()
+        if self.main:
+            clear_checkpoints(self.folder)
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            self.wait()
+        elif self._thread is not None:
+            self._thread.join()  # the file is complete or removed; the error already leaving is the one to report
+
+    def _write(self, step: int, staged: dict[str, Any]) -> None:
+        try:
+            save_checkpoint(self.folder, step, staged, self.keep)
+        except BaseException as e:  # handed to the training thread
+            self._error = e
+
+    def _raise_failed(self) -> None:
+        if self._error is not None and (self._thread is None or not self._thread.is_alive()):
+            error, self._error, self._thread = self._error, None, None
+            raise error
+
+    def _stage(self, x: Any, path: tuple, memo: dict) -> Any:
+        """A copy of ``x`` whose tensors are host buffers (reused per position in the state; one copy of a tensor
+        that appears twice, such as tied weights, as torch.save would write it once)."""
+        if isinstance(x, torch.Tensor):
+            key = (x.device, x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()),
+                   x.dtype)
+            if key in memo:
+                return memo[key]
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
+                buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.is_cuda)
+                self._buffers[path] = buf
+            buf.copy_(x.detach(), non_blocking=x.is_cuda)
+            if x.is_cuda:
+                torch.cuda.current_stream(x.device).synchronize()
+            memo[key] = buf
+            return buf
+        if isinstance(x, dict):
+            return type(x)((k, self._stage(v, (*path, k), memo)) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._stage(v, (*path, i), memo) for i, v in enumerate(x))
+        return x  # a plain immutable value (check_plain made sure)
+
+
+def measure_write_bandwidth(folder: str | Path, nbytes: int = 128 * 2**20) -> float:
+    """Bytes a second that a checkpoint-like write reaches in ``folder`` now: ``nbytes`` of random data written to a
+    fresh file and fsync'd (as :func:`save_checkpoint` does), then removed."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).numpy()
+    fd, name = tempfile.mkstemp(dir=folder, suffix=".bandwidth")
+    try:
+        t0 = time.perf_counter()
+        with os.fdopen(fd, "wb") as f:
+            f.write(memoryview(data))
+            f.flush()
+            os.fsync(f.fileno())
+        return nbytes / (time.perf_counter() - t0)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+COPY_BYTES_PER_S = 2e9
+"""A conservative rate of the staging copy into reused host buffers (memcpy; a GPU's copy to pinned memory is
+faster): the only part of a background checkpoint that holds training up."""
+
+
+def checkpoint_interval(checkpoint_bytes: int, write_bytes_per_s: float, *, share: float = 0.02,
+                        at_least_minutes: float = 10.0) -> tuple[float, str]:
+    """``(minutes, why)``: the checkpoint interval for a state of ``checkpoint_bytes`` on a disk that writes
+    ``write_bytes_per_s``, so that checkpointing costs at most ``share`` of the run: ``at_least_minutes`` (what
+    trainers use) unless the checkpoint is so large that even that costs more. Counted as cost: the staging copy
+    (training waits for it) plus the whole write, as if the background write took its time from training (it shares
+    the disk, memory bandwidth and, on a CPU run, the cores), so the bound holds with margin. Whole minutes."""
+    stage_s = checkpoint_bytes / COPY_BYTES_PER_S
+    write_s = checkpoint_bytes / write_bytes_per_s
+    need = (stage_s + write_s) / share / 60
+    minutes = float(max(at_least_minutes, math.ceil(need)))
+    return minutes, (f"a checkpoint of {_mb(checkpoint_bytes)} costs ~{stage_s + write_s:.1f} s (copy "
+                     f"{stage_s:.1f} s, write {write_s:.1f} s at {write_bytes_per_s / 1e6:,.0f} MB/s): every "
+                     f"{minutes:g} min is {100 * (stage_s + write_s) / (60 * minutes):.2f}% of the run")

@@ -39,7 +39,7 @@ def qa_student(tmp_path_factory):
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                    "temperature_decay": False}},
         "optim": {"epochs": 1, "max_steps": 12, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 100, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
         "note": "test"}, "train.runs.w")
     train_student("w", model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=tokens, store_path=root / "qa.zarr", prepared_dir=prepared, out_dir=root / "w",

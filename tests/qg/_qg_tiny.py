@@ -84,7 +84,7 @@ def scratch_model(**over) -> dict:
 def qg_params(**over) -> dict:
     p = {"device": "cpu", "model": scratch_model(), "answer_hint": False, "max_source_len": 48, "max_target_len": 16,
          "epochs": 1, "batch_size": 16, "lr": 1e-2, "weight_decay": 0.0, "warmup_fraction": 0.0,
-         "max_grad_norm": 1.0, "max_train_rows": None, "checkpoint_every": 4, "samples": 2, "seed": 0}
+         "max_grad_norm": 1.0, "max_train_rows": None, "checkpoint_minutes": 10, "samples": 2, "seed": 0}
     p.update(over)
     return p
 

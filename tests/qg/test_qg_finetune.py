@@ -122,7 +122,7 @@ def test_killed_run_resumes_to_identical_weights(toy_qa, tmp_path):
     from safetensors.torch import load_file
 
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"qg_finetune": qg_params(epochs=30, checkpoint_every=5,
+    params.write_text(yaml.safe_dump({"qg_finetune": qg_params(epochs=30, checkpoint_minutes=0,
                                                                model=_dropout_model())}))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ref = subprocess.run(_cli(params, toy_qa, tmp_path / "ref", tmp_path / "ref_ckpt"), env=env,

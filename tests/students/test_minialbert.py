@@ -165,7 +165,7 @@ def test_adapter_tuning_moves_only_adapters_and_head(tmp_path):
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                    "temperature_decay": False}},
         "optim": {"epochs": 1, "max_steps": 6, "batch_size": 8, "lr": 1e-2, "weight_decay": 0.01,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 100, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
         "note": "adapters"}, "finetune.runs.a")
     train_student("a", model_cfg=cfg(), run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=data["tokens"], store_path=data["store"], prepared_dir=None, out_dir=tmp_path / "a",

@@ -32,7 +32,7 @@ def headless(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlm_head")
     base = make_tiny_bert_dir(root / "base")  # a BertModel: no MLM head
     tokens = _tokens(root, base)
-    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=12, batch_size=16, lr=1e-2, checkpoint_every=100),
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=12, batch_size=16, lr=1e-2, checkpoint_minutes=10),
                 "teacher_finetune.tasks.toy_mlm")
     summary = finetune_teacher("toy_mlm", base, tokens, tokens, cfg, "cpu", root / "teacher", root / "ck",
                                root / "live")

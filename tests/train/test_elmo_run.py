@@ -39,7 +39,7 @@ def _model(output, dropout=0.0):
 
 def _run(output, dropout=0.0, **optim):
     o = {"epochs": 1, "max_steps": None, "batch_size": 8, "lr": 1e-2, "weight_decay": 0.0, "max_grad_norm": 1.0,
-         "eval_every": 0, "patience": None, "checkpoint_every": 4, "seed": 0}
+         "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0}
     o.update(optim)
     return {"dataset": "toy_mlm", "word_vectors": "ft", "model": _model(output, dropout), "encoding": "joint",
             "head": None, "objective": {"loss_weights": {"lm": 1.0}, "hidden_loss": "cosine", "layer_map": [-1, -1],
@@ -105,7 +105,7 @@ def test_frozen_feature_finetune_keeps_the_lm_bit_identical(toy, tmp_path):
         "objective": {"loss_weights": {"hard": 1.0}, "hidden_loss": "cosine", "layer_map": [-1, -1],
                       "schedule": SCHEDULE},
         "optim": {"epochs": 2, "max_steps": None, "batch_size": 8, "lr": 1e-2, "weight_decay": 0.0,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 50, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
         "note": "test"}, "runs.ft")
     model_cfg = load_student(tmp_path / "lm", torch.device("cpu"))[1]["model"]
     train_student("ft", model_cfg=model_cfg, run=run, loader_cfg=build(LoaderConfig, LOADER, "loader"), device="cpu",
@@ -123,7 +123,7 @@ def test_frozen_feature_finetune_keeps_the_lm_bit_identical(toy, tmp_path):
 @pytest.mark.slow  # ~20 s: three processes (the loop's own resume test runs by default)
 def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
     params = write_params(tmp_path / "params.yaml", {"train_lm": {"device": "cpu", "loader": LOADER, "runs": {
-        "toy-lm": _run("continuous", dropout=0.1, epochs=2, checkpoint_every=4, eval_every=6)}}})
+        "toy-lm": _run("continuous", dropout=0.1, epochs=2, checkpoint_minutes=0, eval_every=6)}}})
 
     def cli(out, kill_at=None):
         return run_train_cli("toy-lm", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"], out=out,

@@ -42,7 +42,7 @@ ALL_AT_ONCE = {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0
 
 def _optim(**over):
     o = {"epochs": 3, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0, "max_grad_norm": 1.0,
-         "eval_every": 0, "patience": None, "checkpoint_every": 4, "seed": 0}
+         "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0}
     o.update(over)
     return o
 
@@ -202,7 +202,7 @@ def _cli_here(toy, params, out):
 
 def test_sigkill_then_resume_gives_the_same_weights(toy, tmp_path):
     # dropout on: the resumed run must also continue the RNG stream exactly
-    run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_every=4, eval_every=6))
+    run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_minutes=0, eval_every=6))
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"toy-run": run}}})
     ref = _cli_here(toy, params, tmp_path / "ref")
@@ -228,15 +228,15 @@ FULL_DISK_DRIVER = """
 import os, sys
 sys.path.insert(0, os.environ["TESTS_DIR"])
 from _fulldisk import FullDisk
-from distillpipe.train import loop
+from distillpipe import checkpoints
 full_at = int(os.environ["FULL_AT_STEP"])
-orig = loop.save_checkpoint
+orig = checkpoints.save_checkpoint
 def save(folder, step, state, keep=2):
     if step != full_at:
         return orig(folder, step, state, keep)
     with FullDisk(folder, 4096):  # the disk fills up during this checkpoint
         return orig(folder, step, state, keep)
-loop.save_checkpoint = save
+checkpoints.save_checkpoint = save
 from distillpipe.cli import app
 app(sys.argv[1:], prog_name="distillpipe")
 """
@@ -248,7 +248,7 @@ def test_full_disk_at_a_checkpoint_stops_with_exit_2_and_resumes_to_the_same_wei
     import subprocess
     import sys
 
-    run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_every=4, eval_every=6))
+    run = _cls_run(model={**MODEL, "dropout": 0.1}, optim=_optim(epochs=2, checkpoint_minutes=0, eval_every=6))
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"toy-run": run}}})
     ref = _cli(toy, params, tmp_path / "ref")
@@ -264,10 +264,10 @@ def test_full_disk_at_a_checkpoint_stops_with_exit_2_and_resumes_to_the_same_wei
     errors = [line for line in full.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, full.stderr[-3000:]
     assert f"no space left on device writing checkpoint {out}.ckpt/step-000000012.pt: it needs ~" in errors[0]
-    assert "resumes from step-000000008.pt" in errors[0]
-    assert sorted(p.name for p in Path(f"{out}.ckpt").iterdir()) == ["step-000000006.pt", "step-000000008.pt"]
+    assert "resumes from step-000000011.pt" in errors[0]  # checkpoint_minutes 0: one after every step
+    assert sorted(p.name for p in Path(f"{out}.ckpt").iterdir()) == ["step-000000010.pt", "step-000000011.pt"]
     resumed = _cli(toy, params, out)  # the space is back
-    assert resumed.returncode == 0 and "resuming toy-run at step 8/24" in resumed.stderr, resumed.stderr
+    assert resumed.returncode == 0 and "resuming toy-run at step 11/24" in resumed.stderr, resumed.stderr
     a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
     b = torch.load(out / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -284,7 +284,7 @@ def test_full_disk_writing_the_student_stops_with_exit_2_and_leaves_no_student(t
     from distillpipe.cli import app
 
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER, "runs": {
-        "toy-run": _cls_run(optim=_optim(epochs=1, checkpoint_every=4))}}})
+        "toy-run": _cls_run(optim=_optim(epochs=1, checkpoint_minutes=0))}}})
     out = tmp_path / "res"
     args = ["train", "--run", "toy-run", "--tokens", str(toy["cls"]), "--teacher-cache", str(toy["cls_store"]),
             "--prepared", str(toy["cls"]), "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live",
@@ -304,7 +304,7 @@ def test_full_disk_writing_the_student_stops_with_exit_2_and_leaves_no_student(t
     with caplog.at_level(logging.INFO):
         res = CliRunner().invoke(app, args)  # the space is back
     assert res.exit_code == 0, res.output
-    assert "resuming toy-run at step 12/12" in caplog.text
+    assert "resuming toy-run at step 11/12" in caplog.text  # none at the end: the student is written right after
     load_student(out, torch.device("cpu"))
     assert need == pytest.approx((out / "model.pt").stat().st_size / 1e6, rel=0.1, abs=0.05)
     assert not Path(f"{out}.ckpt").exists() or not list(Path(f"{out}.ckpt").iterdir())
@@ -383,7 +383,7 @@ def test_collate_crops_attention_probabilities_on_positions_not_heads():
 def test_early_stopping_survives_a_kill_after_its_checkpoint(toy, tmp_path):
     """Killed right after the checkpoint of the evaluation that stopped the run, the resumed run must stop too
     (it kept training: stopped_early was not in the checkpoint)."""
-    run = _cls_run(optim=_optim(epochs=12, eval_every=4, patience=1, checkpoint_every=100))
+    run = _cls_run(optim=_optim(epochs=12, eval_every=4, patience=1, checkpoint_minutes=0))
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
                                                                "runs": {"toy-run": run}}})
     ref = _cli_here(toy, params, tmp_path / "ref")
@@ -399,3 +399,32 @@ def test_early_stopping_survives_a_kill_after_its_checkpoint(toy, tmp_path):
     a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "res" / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoints_by_the_clock_and_at_improving_evaluations_none_at_the_end(toy, tmp_path, monkeypatch):
+    """A fake clock that moves one minute a step and a 3.5-minute interval: a checkpoint at step 4, at the
+    evaluation of step 6 (the first: it improves; lr so small that no later one does), then 4 minutes after each
+    (10, 14, 18, 22); none at the last step (24): the student is written right after."""
+    from distillpipe import checkpoints
+    from distillpipe.train import loop
+
+    now = [0.0]
+    written = []
+    original_step, original_save = loop.train_step, checkpoints.save_checkpoint
+
+    def step(*args):
+        now[0] += 60.0
+        return original_step(*args)
+
+    def save(folder, step, state, keep=2):
+        written.append(step)
+        return original_save(folder, step, state, keep)
+
+    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(loop, "Checkpointer", lambda *a, **k: checkpoints.Checkpointer(*a, **k, clock=lambda: now[0]))
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save)
+    run = _cls_run(optim=_optim(epochs=2, lr=1e-12, eval_every=6, checkpoint_minutes=3.5))
+    s = _train(toy, tmp_path, run)
+    assert s.steps == 24 and s.best_step == 6
+    assert written == [4, 6, 10, 14, 18, 22]
+    assert not list((tmp_path / "run.ckpt").glob("*.pt"))  # cleared once the student is saved

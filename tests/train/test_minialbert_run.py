@@ -134,7 +134,7 @@ def _train(mlm, tmp_path, name, epochs):
         "objective": {"loss_weights": {"hard": 1.0, "hidden": 3.0, "attn_kl": 3.0}, "hidden_loss": "cosine",
                       "layer_map": [1, 2], "schedule": {**ALL_AT_ONCE, "warmup_fraction": 0.1}},
         "optim": {"epochs": epochs, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 100, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
         "note": "test"}, f"train.runs.{name}")
     train_student(name, model_cfg=run.model, run=run, loader_cfg=LoaderConfig(32, 2, 1), device="cpu",
                   tokens_dir=mlm["tokens"], store_path=mlm["store"], prepared_dir=None, out_dir=tmp_path / name,

@@ -68,7 +68,7 @@ def stsb(tmp_path_factory, shared_data):
                      tokens)
     # 480 of the ~1,800 train rows: the teacher's bins and its cache are what the tests read, not its score (all rows
     # took ~40 s of the suite)
-    tcfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=32, lr=1e-3, checkpoint_every=1000,
+    tcfg = build(TeacherFinetuneTaskConfig, finetune_params(epochs=2, batch_size=32, lr=1e-3, checkpoint_minutes=10,
                                                             max_train_rows=480, regression_bin_width=WIDTH),
                  "teacher_finetune.tasks.stsb")
     teacher = finetune_teacher("stsb", base, tokens, root / "prepared", tcfg, "cpu", root / "teacher", root / "tck",
@@ -110,7 +110,7 @@ def _run(loss_weights):
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                    "temperature_decay": False}},
         "optim": {"epochs": 3, "max_steps": None, "batch_size": 32, "lr": 3e-3, "weight_decay": 0.0,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 1000, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
         "note": "stsb"}, "train.runs.stsb")
 
 

@@ -99,7 +99,7 @@ def _cli(params, base, tokens, out, ckpt):
 def test_killed_run_resumes_to_identical_weights(toy, tmp_path):
     base, tokens = toy
     params = write_params(tmp_path / "params.yaml", {"teacher_finetune": {
-        "device": "cpu", "tasks": {"toy": finetune_params(epochs=3, checkpoint_every=5)}}})
+        "device": "cpu", "tasks": {"toy": finetune_params(epochs=3, checkpoint_minutes=0)}}})
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # the uninterrupted reference and the resumed run in this process (the same command, no ~5 s of imports); the
     # run to kill in a process of its own

@@ -25,7 +25,7 @@ OBJECTIVE = {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine"
 
 def _optim(**over):
     return {"epochs": 2, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0, "max_grad_norm": 1.0,
-            "eval_every": 0, "patience": None, "checkpoint_every": 4, "seed": 0, **over}
+            "eval_every": 0, "patience": None, "checkpoint_minutes": 0, "seed": 0, **over}
 
 
 def _run(**over):

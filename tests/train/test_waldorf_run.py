@@ -40,7 +40,7 @@ def _run(schedule, weights):
         "dataset": "toy_qa", "model": TINY_WALDORF, "encoding": "joint", "head": None,
         "objective": {"loss_weights": weights, "hidden_loss": "mse", "layer_map": [1, 2], "schedule": schedule},
         "optim": {"epochs": 4, "max_steps": 30, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
-                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_every": 10, "seed": 0},
+                  "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
         "note": "test"}, "train.runs.w")
 
 
@@ -93,7 +93,7 @@ def test_sigkill_mid_slow_build_then_resume_gives_the_same_weights(qa, tmp_path)
             "temperature": 3.0}
     run = _asdict(_run(slow, {"hard": 1.0, "soft": 1.0, "hidden": 1.2, "attn": 1.4}))
     run["model"]["dropout"] = 0.1  # the resumed run must continue the dropout RNG stream too
-    run["optim"].update(max_steps=24, checkpoint_every=5)
+    run["optim"].update(max_steps=24, checkpoint_minutes=0)
     run["dataset"] = "toy_qa"
     params = write_params(tmp_path / "params.yaml", {"train": {
         "device": "cpu", "loader": {"block_rows": 32, "buffer_blocks": 2, "streams": 1}, "runs": {"w": run}}})

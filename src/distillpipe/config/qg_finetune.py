@@ -77,15 +77,17 @@ class QgFinetuneConfig:
     max_grad_norm: float
     max_train_rows: int | None
     """Train on a seeded random subset of this many pairs (null: all)."""
-    checkpoint_every: int
-    """Optimizer steps between resumable checkpoints (also written at each epoch end)."""
+    checkpoint_minutes: float
+    """Wall-clock minutes between resumable checkpoints, written in the background (a kill loses at most this
+    much training; 0 = after every step)."""
     samples: int
     """Dev contexts whose generated (greedy) questions are logged and saved beside the model."""
     seed: int
 
     def __post_init__(self) -> None:
-        if min(self.epochs, self.batch_size, self.checkpoint_every) < 1 or self.lr <= 0 or self.samples < 0:
-            raise ConfigError("need epochs, batch_size, checkpoint_every >= 1, lr > 0 and samples >= 0")
+        if (min(self.epochs, self.batch_size) < 1 or not self.checkpoint_minutes >= 0
+                or self.lr <= 0 or self.samples < 0):
+            raise ConfigError("need epochs, batch_size >= 1, checkpoint_minutes >= 0, lr > 0 and samples >= 0")
         if self.max_source_len < 8 or self.max_target_len < 2:
             raise ConfigError("need max_source_len >= 8 and max_target_len >= 2")
         if not 0 <= self.warmup_fraction < 1:

@@ -111,13 +111,15 @@ class OptimConfig:
     patience: int | None
     """Early stopping: stop after this many evaluations without a better dev score (null = never);
     the best evaluated weights are the output."""
-    checkpoint_every: int
-    """Steps between resumable checkpoints (also written at each evaluation)."""
+    checkpoint_minutes: float
+    """Wall-clock minutes between resumable checkpoints, written in the background (also one at each evaluation
+    that improves the best dev score); a kill loses at most this much training. 0 = after every step."""
     seed: int
 
     def __post_init__(self) -> None:
-        if self.epochs < 0 or self.batch_size < 1 or self.lr <= 0 or self.checkpoint_every < 1 or self.eval_every < 0:
-            raise ConfigError("need epochs >= 0, batch_size >= 1, lr > 0, checkpoint_every >= 1, eval_every >= 0")
+        if (self.epochs < 0 or self.batch_size < 1 or self.lr <= 0 or not self.checkpoint_minutes >= 0
+                or self.eval_every < 0):
+            raise ConfigError("need epochs >= 0, batch_size >= 1, lr > 0, checkpoint_minutes >= 0, eval_every >= 0")
         if (self.max_steps is not None and self.max_steps < 1) or (self.patience is not None and self.patience < 1):
             raise ConfigError("max_steps and patience must be >= 1 or null")
 

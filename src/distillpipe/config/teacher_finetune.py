@@ -21,13 +21,15 @@ class TeacherFinetuneTaskConfig:
     regression_bin_width: float | None
     """Regression tasks (STS-B): labels cast to classes of this width (CMOW paper, after Raffel
     et al.: 0.2); must be null for classification and QA."""
-    checkpoint_every: int
-    """Write a resumable checkpoint every this many optimizer steps (and at each epoch end)."""
+    checkpoint_minutes: float
+    """Wall-clock minutes between resumable checkpoints, written in the background (a kill loses at most this
+    much training; 0 = after every step). A run shorter than this writes none: the stage saves the
+    model at its end."""
     seed: int
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.checkpoint_every < 1:
-            raise ConfigError("epochs, batch_size and checkpoint_every must be >= 1")
+        if self.epochs < 1 or self.batch_size < 1 or not self.checkpoint_minutes >= 0:
+            raise ConfigError("epochs and batch_size must be >= 1, checkpoint_minutes >= 0")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"warmup_fraction={self.warmup_fraction} must be in [0, 1)")
         if self.regression_bin_width is not None and self.regression_bin_width <= 0:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from distillpipe.assets import resolve_model, tokenizer_sha256, weights_sha256
-from distillpipe.checkpoints import clear_checkpoints, resume_or_restart, save_checkpoint
+from distillpipe.checkpoints import Checkpointer, resume_or_restart
 from distillpipe.config.decoding import GreedyDecodingConfig
 from distillpipe.config.qg_finetune import QgFinetuneConfig, QgPretrainedModelConfig, QgScratchModelConfig
 from distillpipe.data.batching import length_batches, pad_sequences
@@ -209,8 +209,11 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
             epoch, step_in_epoch, step = state["epoch"], state["step_in_epoch"], state["step"]
             log.info("resuming qg_finetune at epoch %d, step %d/%d", epoch, step, total)
 
+        # By the clock, in the background (checkpoints.py); none at the end: the model is saved right after.
+        checkpoints = Checkpointer(ckpt_dir, cfg.checkpoint_minutes)
+
         def checkpoint():
-            save_checkpoint(ckpt_dir, step, {
+            checkpoints.save(step, {
                 "run_id": run_id, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": rng_state(), "epoch": epoch,
                 "step_in_epoch": step_in_epoch, "step": step})
@@ -233,11 +236,11 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
                 step_in_epoch += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.3f}")
-                if step % cfg.checkpoint_every == 0:
+                if checkpoints.due():
                     checkpoint()
             epoch, step_in_epoch = epoch + 1, 0
-            checkpoint()
         bar.close()
+        checkpoints.wait()  # a write still in flight: on disk (or its error raised) before the model is scored
 
         metrics = dev_metrics(model, dev, pad_id, device, cfg.batch_size)
         samples = sample_generations(model, tok, dev, cfg, device)
@@ -253,7 +256,7 @@ def finetune_qg(prepared_dir: str | Path, cfg: QgFinetuneConfig, out_dir: str | 
     metrics_path = Path(metrics_path)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    clear_checkpoints(ckpt_dir)  # the model is saved: a resume point is no longer needed
+    checkpoints.clear()  # the model is saved: a resume point is no longer needed
     return QgSummary(len(rows), len(dev), train.dropped, len(tok), step, time.time() - t0, metrics)
 
 

@@ -24,7 +24,7 @@ from distillpipe.data.schema import read_meta
 from distillpipe.data.word_vectors import load_table
 from distillpipe.evaluate.student import primary_metric
 from distillpipe.identity import code_identity, json_sha256, sha256_dir, stage_code
-from distillpipe.runtime import adamw, seed_everything
+from distillpipe.runtime import adamw, rng_state, seed_everything, set_rng_state
 from distillpipe.scale.ddp import ProcessGroup, join
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
@@ -146,6 +146,38 @@ class Trainable(torch.nn.Module):
         return loss, parts
 
 
+def has_unused_parameters(trainable: Trainable, batch: dict[str, torch.Tensor], schedule_kind: str) -> bool:
+    """Whether some trainable parameter can go without a gradient in a step, so that DDP must search the autograd
+    graph for them every step (``find_unused_parameters``, an extra traversal each iteration, and a warning when
+    it finds none): when the schedule switches terms off for a while (``slow_build``: the blocks above its stage,
+    the projections of terms not yet on), when the student has an adaptive softmax (a batch whose targets miss a
+    tail cluster leaves it out), or when a forward and backward of every output on ``batch`` leaves a parameter
+    out (probed here, with the RNG states put back and the gradients cleared)."""
+    if schedule_kind != "all_at_once":
+        return True
+    if any(isinstance(m, torch.nn.AdaptiveLogSoftmaxWithLoss) for m in trainable.modules()):
+        return True
+    state = rng_state()
+    out = trainable.student(batch, return_hidden=trainable.objective.needs_hidden)
+    total = sum(t.float().sum() for t in _tensors(out) if t.requires_grad)
+    if isinstance(total, torch.Tensor):
+        total.backward()
+    unused = any(p.grad is None for p in trainable.student.parameters() if p.requires_grad)
+    trainable.zero_grad(set_to_none=True)
+    set_rng_state(state)
+    return unused
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if dataclasses.is_dataclass(x):
+        return [t for f in dataclasses.fields(x) for t in _tensors(getattr(x, f.name))]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
 @dataclass
 class TrainingRun:
     """A built run and where it stands: everything the named parts of the loop share."""
@@ -258,7 +290,9 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
         # own dropout masks from here on
         torch.manual_seed(opt.seed * 7919 + group.rank)
         engine = DistributedDataParallel(trainable, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                         find_unused_parameters=True)
+                                         find_unused_parameters=has_unused_parameters(
+                                             trainable, {k: v.to(dev) for k, v in probe_batch.items()},
+                                             run.objective.schedule.kind))
     optimizer = adamw(param_groups([trainable], opt.weight_decay), lr=opt.lr)
     params = [p for g in optimizer.param_groups for p in g["params"]]
 

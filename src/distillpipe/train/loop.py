@@ -8,7 +8,8 @@ objective (train/objective.py) turns it and the cached teacher rows into loss te
 The loop is made of named parts that the benchmarks call too: :func:`~distillpipe.train.build.build_run`
 (train/build.py: the student, the objective, the optimizer, the data and the run's identity), :func:`restore`
 (resume from a checkpoint),
-:func:`train_step`, :func:`evaluate` and :func:`record_evaluation`, :func:`checkpoint`, and
+:func:`train_step`, :func:`evaluate` and :func:`record_evaluation`, :func:`checkpoint` (by the clock, written in the
+background: :class:`~distillpipe.checkpoints.Checkpointer`), and
 :func:`finish` (the outputs). :func:`train_student` strings them together.
 
 Data parallel: under torchrun every process builds the same run (same seed, same initial weights; DDP
@@ -20,7 +21,9 @@ process, so with dropout the weights differ like those of any two seeds.
 
 Resume: atomic checkpoints (model, objective projections, optimizer, every rank's RNG state, the block
 loader's position, the evaluation history, the best weights and whether early stopping fired) every
-``checkpoint_every`` steps and at each evaluation. A checkpoint carries the run's identity
+``checkpoint_minutes`` of wall-clock time and at each evaluation that improves the best dev score, written in the
+background while training goes on (rank 0's clock decides for every rank). None at the end: the student is written
+right after and the checkpoints cleared. A checkpoint carries the run's identity
 (:func:`~distillpipe.train.build.run_identity`): the params, the content digests of the tokens, the teacher
 cache(s) and the init student's weights, the code (the training stages' whole import closure), the device type and
 the number of processes. A restarted run with the same identity continues exactly where the checkpoint was taken (same
@@ -45,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distillpipe.checkpoints import clear_checkpoints, resume_or_restart, save_checkpoint
+from distillpipe.checkpoints import Checkpointer, resume_or_restart
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
 from distillpipe.data.collate import collate
@@ -163,23 +166,33 @@ def record_evaluation(r: TrainingRun, scores: dict[str, float]) -> bool:
     return r.stopped_early
 
 
-def checkpoint(r: TrainingRun) -> None:
-    """Rank 0 writes a checkpoint holding every rank's RNG state; every rank returns once it is on disk."""
+def checkpoint_due(r: TrainingRun, checkpoints: Checkpointer) -> bool:
+    """Whether a checkpoint is due now: rank 0's clock decides, for every rank (a checkpoint is collective)."""
+    due = checkpoints.due()
+    if not r.group.distributed:
+        return due
+    flag = torch.tensor([float(due)], device=r.device if r.device.type == "cuda" else "cpu")
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def checkpoint(r: TrainingRun, checkpoints: Checkpointer) -> None:
+    """Rank 0 checkpoints every rank's RNG state with its own state: staged in host memory at once, written in the
+    background (:class:`~distillpipe.checkpoints.Checkpointer`); every rank goes on as soon as it is staged."""
     rngs = [rng_state()]
     if r.group.distributed:
         rngs = [None] * r.group.world
         dist.all_gather_object(rngs, rng_state())
     if r.group.main:
-        save_checkpoint(r.ckpt_dir, r.step, {
+        checkpoints.save(r.step, {
             "identity": r.identity, "model": r.trainable.state_dict(), "optimizer": r.optimizer.state_dict(),
             "loader": r.data.state_dict(), "rng": rngs, "step": r.step, "best_step": r.best_step,
             "bad_evals": r.bad_evals, "stopped_early": r.stopped_early, "last_eval": r.last_eval, "best": r.best,
             "best_state": r.best_state, "steps_log": r.steps_log, "dev_log": r.dev_log})
-    _barrier(r)
 
 
-def finish(r: TrainingRun, *, out_dir: str | Path, live_dir: str | Path, init_dir: str | Path | None,
-           seconds: float) -> RunSummary:
+def finish(r: TrainingRun, checkpoints: Checkpointer, *, out_dir: str | Path, live_dir: str | Path,
+           init_dir: str | Path | None, seconds: float) -> RunSummary:
     """Rank 0 writes the student (the best evaluated weights) and its dvclive folder; checkpoints go."""
     if r.group.main:
         if r.best_state is not None:
@@ -193,7 +206,7 @@ def finish(r: TrainingRun, *, out_dir: str | Path, live_dir: str | Path, init_di
         save_student(out_dir, r.student, r.model_cfg, r.task, record)
         write_live(live_dir, summary=train_summary(r.metric, r.best, r.best_step), params=dataclasses.asdict(r.run),
                    curves=_curves(r), step=r.step)
-        clear_checkpoints(r.ckpt_dir)
+        checkpoints.clear()
     return RunSummary(r.name, r.step, seconds, r.best_step, r.metric, r.best or {}, r.stopped_early)
 
 
@@ -209,6 +222,7 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
                   augment=augment, loader_workers=loader_workers, word_vectors=word_vectors)
     try:
         restore(r)
+        checkpoints = Checkpointer(r.ckpt_dir, r.run.optim.checkpoint_minutes, main=r.group.main)
         opt = r.run.optim
         bar = Progress(total=r.total, initial=r.step, desc=f"train {name}", unit="step", disable=not r.group.main)
         r.trainable.train()
@@ -217,21 +231,25 @@ def train_student(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader
                 row = train_step(r, source, rows, arrays)
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.3f}")
+                improved = False
                 if opt.eval_every and r.step % opt.eval_every == 0:
                     record_evaluation(r, evaluate(r))
-                    checkpoint(r)
-                elif r.step % opt.checkpoint_every == 0:
-                    checkpoint(r)
+                    improved = r.best_step == r.step
+                if r.step < r.total and (improved or checkpoint_due(r, checkpoints)):  # none at the end: see above
+                    checkpoint(r, checkpoints)
                 if r.step >= r.total or r.stopped_early:
                     break
             else:  # the epoch ended
                 if not opt.eval_every and r.last_eval != r.step:
                     record_evaluation(r, evaluate(r))
-                checkpoint(r)
+                    if r.best_step == r.step and r.step < r.total:
+                        checkpoint(r, checkpoints)
         bar.close()
         if r.last_eval != r.step or r.best is None:
             record_evaluation(r, evaluate(r))
-        return finish(r, out_dir=out_dir, live_dir=live_dir, init_dir=init_dir, seconds=time.time() - t0)
+        checkpoints.wait()  # a write still in flight: on disk (or its error raised) before the outputs
+        return finish(r, checkpoints, out_dir=out_dir, live_dir=live_dir, init_dir=init_dir,
+                      seconds=time.time() - t0)
     finally:
         leave(r.group)
 

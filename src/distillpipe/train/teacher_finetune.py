@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
-from distillpipe.checkpoints import clear_checkpoints, resume_or_restart, save_checkpoint
+from distillpipe.checkpoints import Checkpointer, resume_or_restart
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.data.schema import read_meta, regression_bins
@@ -176,8 +176,12 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
         steps_log = state["steps_log"]
         log.info("resuming %s at epoch %d, step %d/%d", task, epoch, step, total)
 
+    # By the clock, in the background (checkpoints.py): none at the end, as the model is saved right after
+    # training and the folder cleared; a kill while it is scored loses at most checkpoint_minutes of training.
+    checkpoints = Checkpointer(ckpt_dir, cfg.checkpoint_minutes)
+
     def checkpoint():
-        save_checkpoint(ckpt_dir, step, {
+        checkpoints.save(step, {
             "run_id": run_id, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": rng_state(), "epoch": epoch,
             "step_in_epoch": step_in_epoch, "step": step, "steps_log": steps_log})
@@ -212,11 +216,11 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
             step_in_epoch += 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step % cfg.checkpoint_every == 0:
+            if checkpoints.due():
                 checkpoint()
         epoch, step_in_epoch = epoch + 1, 0
-        checkpoint()
     bar.close()
+    checkpoints.wait()  # a write still in flight: on disk (or its error raised) before the model is scored
 
     dev = score_teacher(model, data["dev"], task_type, pad_id, dev_device, cfg.batch_size, cfg.regression_bin_width,
                         prepared_dir)
@@ -242,7 +246,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     _save(model, base_dir, out_dir, report, predictions)
     write_live(live_dir, summary=teacher_summary(_headline(task_type, meta), metrics, report.get("test")),
                params={"task": task, **dataclasses.asdict(cfg)}, curves=steps_log, step=step)
-    clear_checkpoints(ckpt_dir)  # the model is saved: a resume point is no longer needed (and may be GBs)
+    checkpoints.clear()  # the model is saved: a resume point is no longer needed (and may be GBs)
     return FinetuneSummary(task, len(train), step, time.time() - t0, metrics,
                            weak=weak_teacher_message(task, check) if check and not check["clearly_above"] else None)
 
