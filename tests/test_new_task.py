@@ -191,6 +191,7 @@ def test_new_task_sized_to_budget(tmp_path, monkeypatch):
     text = "\n".join(lines)
     assert "train.runs.tiny-mine: recipe" in text and "chose epochs" in text and "expected: ~" in text
     assert "measured now on" in text
+    assert "    checkpoint_minutes 10: a checkpoint of " in text  # tiny models: the copied interval costs far under 2%
 
 
 def test_new_task_fits_the_papers_recipes_both_ways(tmp_path, monkeypatch):
@@ -257,3 +258,21 @@ def test_copied_runs_get_their_papers_schedules():
                                                                            "files": {"train": "t"}, "carve": None})
                    if w == "teacher_finetune.tasks")
     assert (teacher["epochs"], teacher["max_train_rows"], teacher["lr"]) == (2, None, 5e-5)
+
+
+def test_checkpoint_interval_keeps_checkpointing_under_2_percent():
+    """A BERT-Large fine-tuning checkpoint (fp32 weights + AdamW: 335 M x 12 bytes) on a 0.3 GB/s disk: a write of
+    ~13 s and a staging copy of ~2 s need 13 minutes for 2%; the embedded MiniLM's (~270 MB) fits the copied 10."""
+    from distillpipe.train.sizing import Rates, size_checkpoints
+
+    large = 335_000_000 * 12
+    keys = {"checkpoint_minutes": 10.0}
+    line = size_checkpoints(keys, Rates(32, 128, 0.25, 0.08, large), 3600, 0.3e9)
+    cost = large / 2e9 + large / 0.3e9
+    assert keys["checkpoint_minutes"] == 13 and cost / (13 * 60) <= 0.02 < cost / (12 * 60)
+    assert line.startswith("    checkpoint_minutes 13: a checkpoint of 4,020.0 MB costs ~15.4 s")
+    assert ", 4 in the run" in line
+    assert "one every ~3,120 steps" in line  # 13 min of 0.25 s steps
+    small = {"checkpoint_minutes": 10.0}
+    size_checkpoints(small, Rates(32, 128, 0.5, 0.05, 272_000_000), 360, 0.3e9)
+    assert small["checkpoint_minutes"] == 10

@@ -19,6 +19,7 @@ recipe or what fits the budget, whichever is less.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 import yaml
 
 from distillpipe.assets import resolve_model
+from distillpipe.checkpoints import measure_write_bandwidth
 from distillpipe.config.base import ConfigError, build
 from distillpipe.config.evaluate import EvaluateConfig
 from distillpipe.config.finetune import FinetuneConfig
@@ -46,7 +48,14 @@ from distillpipe.errors import UserError
 from distillpipe.runtime import resolve_device
 from distillpipe.students.base import TaskSpec
 from distillpipe.train.recipes import student_recipe, teacher_recipe
-from distillpipe.train.sizing import Rates, measure_student, measure_teacher, size_student, size_teacher
+from distillpipe.train.sizing import (
+    Rates,
+    measure_student,
+    measure_teacher,
+    size_checkpoints,
+    size_student,
+    size_teacher,
+)
 
 KIND_OF_FORMAT = {"glue": "classification", "squad": "qa", "text": "mlm", "jsonl": "mlm"}
 REGRESSION_TASKS = ("stsb",)
@@ -231,6 +240,10 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
              + (f" ({shape['windows']:.2f} windows a question)" if kind == "qa" else "")]
     entries = {(where, key): value for where, key, value in plan}
     total = 0.0
+
+    @functools.cache
+    def bandwidth() -> float:  # of the disk the checkpoints go to (checkpoints/ in the repository), measured once
+        return measure_write_bandwidth(root)
     teacher_rates: Rates | None = None
     task = entries.get(("teacher_finetune.tasks", name))
     if task is not None:
@@ -247,6 +260,7 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
             task.update(sized.changes)
             total += sized.seconds
             lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step", recipe))
+            lines.append(size_checkpoints(task, teacher_rates, sized.seconds, bandwidth()))
             if sized.changes:
                 lines.append(f"    the budget keeps the teacher short of its recipe ({sized.note}): expect a weaker "
                              "teacher, and weaker students, than the recipe's; "
@@ -289,6 +303,7 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
         steps = optim["max_steps"] or optim["epochs"] * math.ceil(train_rows / optim["batch_size"])
         student_rows.append(min(train_rows, steps * optim["batch_size"]))
         lines.append(_line(f"{where}.{key}", sized, rates, "step", recipe))
+        lines.append(size_checkpoints(value["optim"], rates, sized.seconds, bandwidth()))
     cache = entries.get(("teacher_cache.datasets", name))
     if cache is not None and student_rows:
         read, why = min(max(student_rows), train_rows), "the most rows a student run reads"

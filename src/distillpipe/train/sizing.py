@@ -18,6 +18,11 @@ embedded CPU-sized ones) or at most ``budget`` seconds, whichever is less:
   distinct rows beat repeats), then ``max_train_rows``;
 * the teacher cache holds the rows the students read (their steps x batch size), or all, or as many as the
   teacher's forward pass gets through in the budget (the students then repeat them).
+
+**Checkpoints.** Each training stage's ``checkpoint_minutes`` is the copied one (10) unless its checkpoint (the
+weights and AdamW state, measured after a step) is so large on this disk (its write bandwidth, measured now) that
+checkpoints that often would cost more than 2% of the run: then as many minutes as keep it at 2%
+(:func:`size_checkpoints`, :func:`distillpipe.checkpoints.checkpoint_interval`).
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from distillpipe.checkpoints import checkpoint_interval, state_bytes
 from distillpipe.runtime import adamw
 from distillpipe.students import build_student
 from distillpipe.students.base import TaskSpec, freeze_for_tuning
 
-__all__ = ["EVALS", "Rates", "measure_student", "measure_teacher", "size_student", "size_teacher"]
+__all__ = ["EVALS", "Rates", "measure_student", "measure_teacher", "size_checkpoints", "size_student",
+           "size_teacher"]
 
 EVALS = 10
 """Dev evaluations of a run whose schedule was cut to the budget."""
@@ -51,6 +58,8 @@ class Rates:
     seq_len: int
     step_s: float
     forward_s: float
+    checkpoint_bytes: int = 0
+    """The tensors of a checkpoint: the weights and the AdamW state after a step."""
 
     def forward_rows_per_s(self) -> float:
         return self.batch_size / self.forward_s
@@ -103,7 +112,8 @@ def measure_teacher(base_dir: str | Path, kind: str, num_labels: int, batch_size
     model.train()
     step_s = _timed(step)
     model.eval()
-    return Rates(batch_size, seq_len, step_s, _timed(forward))
+    checkpoint = state_bytes({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    return Rates(batch_size, seq_len, step_s, _timed(forward), checkpoint)
 
 
 def measure_student(model_cfg, task: TaskSpec, tune: str, batch_size: int, seq_len: int,
@@ -139,7 +149,8 @@ def measure_student(model_cfg, task: TaskSpec, tune: str, batch_size: int, seq_l
     model.train()
     step_s = _timed(step)
     model.eval()
-    return Rates(batch_size, seq_len, step_s, _timed(forward))
+    checkpoint = state_bytes({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    return Rates(batch_size, seq_len, step_s, _timed(forward), checkpoint)
 
 
 @dataclass(frozen=True)
@@ -198,3 +209,14 @@ def size_teacher(task: dict, train_rows: int, dev_rows: int, rates: Rates, budge
     seconds = epochs * (fit / train_rps + dev_s)
     return Sized(changes, seconds, copied, f"{epochs} epoch(s) of {fit:,} rows (the recipe: {task['epochs']} of "
                                            f"{rows:,})")
+
+
+def size_checkpoints(keys: dict, rates: Rates, run_s: float, write_bytes_per_s: float) -> str:
+    """Set ``keys["checkpoint_minutes"]`` (a teacher task's keys or a run's ``optim``) so that checkpointing costs at
+    most 2% of the run, the copied interval being the least; returns the line that says so."""
+    minutes, why = checkpoint_interval(rates.checkpoint_bytes, write_bytes_per_s,
+                                       at_least_minutes=keys["checkpoint_minutes"])
+    keys["checkpoint_minutes"] = minutes
+    steps = max(1, round(60 * minutes / rates.step_s))
+    return (f"    checkpoint_minutes {minutes:g}: {why}; one every ~{steps:,} steps, "
+            f"{int(run_s // (60 * minutes))} in the run (written in the background)")
