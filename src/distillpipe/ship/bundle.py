@@ -111,13 +111,15 @@ def load_model(folder: str | Path, device: torch.device) -> tuple[torch.nn.Modul
 
 def load_tokenizer(folder: str | Path, config: dict[str, Any]) -> Any:
     """The fast tokenizer in an exported folder, checked against the digest in its config."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PretrainedConfig
 
     folder = Path(folder)
     if tokenizer_sha256(folder) != config["tokenizer"]["sha256"]:
         raise BundleError(f"the tokenizer files in {folder} do not match the sha256 in {CONFIG_FILE}: they were "
                           "changed or damaged; export the student again")
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    # a bare config: the folder's own (config.json, with an auto_map for transformers) would make AutoTokenizer ask
+    # whether to trust the folder's code; the tokenizer's class is named by tokenizer_config.json
+    tok = AutoTokenizer.from_pretrained(str(folder), config=PretrainedConfig())
     if not tok.is_fast:
         raise BundleError(f"{folder}: the tokenizer loads as a slow one; predict needs its tokenizer.json")
     return tok

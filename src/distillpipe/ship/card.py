@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from distillpipe.evaluate.tables import NA, Bootstrap, Row, Scorer, format_metric
+from distillpipe.ship.remote_code import card_lines
 
 ARCHITECTURES = {
     "cmow_hybrid": "CMOW/CBOW-Hybrid (matrix embeddings, CMOW paper)",
@@ -181,6 +182,8 @@ def render_card(inp: CardInputs) -> str:
                      if onnx["length_multiple"] > 1 else "")
                   + f"at most {onnx['max_length']} tokens. It reproduces the PyTorch model within "
                   f"{onnx['parity_max_difference']:.1e} on padded batches (checked at export).", ""]
+
+    lines += card_lines(c, inp.folder)  # transformers, trust_remote_code (ship/remote_code.py)
 
     lines += ["## Provenance", "",
               f"- pipeline commit: {inp.commit}",

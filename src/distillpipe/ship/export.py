@@ -40,6 +40,7 @@ from distillpipe.ship.bundle import (
 )
 from distillpipe.ship.card import CardInputs, render_card
 from distillpipe.ship.onnx import export_onnx, head_type, refusal
+from distillpipe.ship.remote_code import config_entries, limits, write_code
 from distillpipe.students import load_student
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
             "weights": write_weights(tmp, model),
             "onnx": export_onnx(model, cfg.student, task, tmp / ONNX_FILE) if onnx else None,
         }
+        config |= config_entries(config)  # transformers' keys (AutoConfig, the Auto classes, pipelines)
+        config["transformers"] = {"files": write_code(tmp, config), "limits": limits(config)}
         write_config(tmp, config)
         card = CardInputs(run=run, config=config, record=record, metrics=metrics, predictions=predictions,
                           speed=speed, params=params, tokens_meta=meta, commit=pipeline_commit(root),
