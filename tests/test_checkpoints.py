@@ -1,7 +1,10 @@
 """Checkpoints: the resume-or-restart decision the three training loops share (students, teacher_finetune,
 qg_finetune), on identities of both shapes they use; a full disk: one message with the space needed, the
 older checkpoints untouched, no partial file; and no checkpoint unpickled: a crafted pickle is refused with one
-message and runs no code, one of an older version starts the run over, a damaged one falls back."""
+message and runs no code, one of an older version starts the run over, a damaged one falls back; the Checkpointer:
+due by a (fake) clock, staged so training may go on, tied tensors kept tied, one write in flight, a full disk raised
+in the training thread, a write SIGKILLed mid-file leaves the previous checkpoint, and SIGKILLs at random moments of a
+run resume to the uninterrupted weights."""
 
 import errno
 import logging
