@@ -11,8 +11,8 @@ import os
 
 import torch
 
+from distillpipe.evaluate.size import count_parameters
 from distillpipe.evaluate.speed import measure_throughput
-from distillpipe.evaluate.student import count_parameters
 from distillpipe.runtime import autocast, resolve_device
 
 VOCAB, PAD = 30522, 0  # BERT uncased vocabulary (the MiniLM teacher's)
