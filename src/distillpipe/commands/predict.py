@@ -31,6 +31,9 @@ def predict(folder: Annotated[Path, typer.Argument(help="an exported student (di
             device: Annotated[str, typer.Option(help="auto, cpu or cuda[:i]")] = "auto",
             batch_size: Annotated[int, typer.Option(help="rows per forward")] = 32,
             max_chars: Annotated[int, typer.Option(help="longer fields are refused (an error record)")] = 100_000,
+            invalid_utf8: Annotated[Literal["replace", "error"], typer.Option(
+                help="a row with bytes that are not UTF-8: predict it with U+FFFD in their place (flagged with "
+                     "their byte offset), or give it an error record naming the offset")] = "replace",
             ) -> None:
     """Predict with an exported student: one JSON line per input row (labels and probabilities, a score, or an
     answer span), in input order; a bad row gets an "error" field and a message, the others are predicted."""
@@ -48,24 +51,39 @@ def predict(folder: Annotated[Path, typer.Argument(help="an exported student (di
             raise FileNotFoundError(f"{source} not found")
         if where == "stdin" and sys.stdin.isatty():
             typer.echo("reading rows from stdin, one per line; end with Ctrl-D (or give --text / --input)", err=True)
-        raw = sys.stdin.read() if where == "stdin" else source.read_text(encoding="utf-8")
+        raw = sys.stdin.buffer.read() if where == "stdin" else source.read_bytes()  # rows are split as bytes
         tsv = format == "tsv" or (format == "auto" and source.suffix.lower() == ".tsv")
         rows = rows_from_tsv(raw, p.shape, where) if tsv else rows_from_lines(raw, p.shape)
         progress = where != "stdin"
-    records, summary = p.predict(rows, batch_size=batch_size, max_chars=max_chars, progress=progress)
-    lines = "".join(json.dumps(_finite(r), ensure_ascii=False) + "\n" for r in records)
+    records, summary = p.predict(rows, batch_size=batch_size, max_chars=max_chars, invalid_utf8=invalid_utf8,
+                                 progress=progress)
+    lines = "".join(json_line(r) for r in records).encode("utf-8")
     if out is None:
-        sys.stdout.write(lines)
-        sys.stdout.flush()  # before the warnings on stderr, so that a terminal shows them after the records
+        sys.stdout.flush()
+        sys.stdout.buffer.write(lines)  # UTF-8 whatever the terminal's encoding
+        sys.stdout.buffer.flush()  # before the warnings on stderr, so that a terminal shows them after the records
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(lines, encoding="utf-8")
+        out.write_bytes(lines)
     for m in summary.messages[:SHOWN_MESSAGES]:
         typer.secho(f"warning: {m}", fg=typer.colors.YELLOW, err=True)
     if len(summary.messages) > SHOWN_MESSAGES:
         typer.secho(f"warning: ... and {len(summary.messages) - SHOWN_MESSAGES} more (see the records)",
                     fg=typer.colors.YELLOW, err=True)
     typer.echo(summary.one_line(), err=True)
+
+
+LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+"""Line breaks JSON leaves unescaped (it escapes only U+0000-U+001F): escaped, so that a record (an answer span or an
+id holding one) stays one line for every reader, str.splitlines included."""
+
+
+def json_line(record: dict) -> str:
+    """One record as one line of JSON: one ``\\n``, at its end, and no other line break."""
+    text = json.dumps(_finite(record), ensure_ascii=False)
+    for char, escaped in LINE_BREAKS.items():
+        text = text.replace(char, escaped)  # inside a JSON string: these characters occur only in strings
+    return text + "\n"
 
 
 def _finite(record: dict) -> dict:

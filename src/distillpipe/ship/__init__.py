@@ -4,6 +4,7 @@
            and loading it back (needs torch, transformers and distillpipe, never DVC, Zarr or datasets)
   runners  what runs an exported student: the PyTorch module (as evaluate runs it) or ONNX Runtime
   onnx     ``model.onnx`` with dynamic batch and length axes, its parity check against PyTorch; what cannot export
+  rows     input bytes -> rows: a row is a line as ``wc -l`` counts it, whatever bytes it holds
   predict  raw text (lines, TSV, stdin) -> the tokenize stage's rows -> batched forward -> JSON records
   card     the generated model card (``README.md``) from the run's records
   export   ``distillpipe export``: a run's student, records and tokenizer into a folder

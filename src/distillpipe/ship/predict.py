@@ -7,16 +7,16 @@ ONNX graph, and read out by the evaluate stage's code: the expected value over t
 (:func:`distillpipe.evaluate.scoring.expected_values`), the best span over a question's windows and the no-answer
 threshold tuned on dev for QA (:func:`distillpipe.evaluate.squad.best_spans`, as ``squad_v2_evaluate`` applies it).
 
-Input rows: one text, two texts (a sentence pair) or a question and its context, from ``--text`` values, a file of
-lines (the two fields of a pair or a QA row separated by the first TAB) or a TSV file with a header naming its
-columns (:data:`COLUMNS`; an ``id`` column is copied into the records). A bad row (empty, too long, a pair or QA
-row without its second field) gets a record with an ``error`` and a message; every other row is predicted.
+Input rows (:mod:`distillpipe.ship.rows`: a row is a line as ``wc -l`` counts it, whatever bytes it holds): one
+text, two texts (a sentence pair) or a question and its context, from ``--text`` values, a file of lines (the two
+fields of a pair or a QA row separated by the first TAB) or a TSV file with a header naming its columns
+(:data:`COLUMNS`; an ``id`` column is copied into the records). A bad row (empty, too long, a pair or QA row without
+its second field; bytes that are not UTF-8 with ``invalid_utf8="error"``) gets a record with an ``error`` and a
+message; every other row is predicted: one record per row, in input order, always.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,36 +31,27 @@ from distillpipe.data.batching import length_batches
 from distillpipe.data.classification import classification_columns
 from distillpipe.data.collate import collate
 from distillpipe.data.qa_windows import qa_window_columns
-from distillpipe.errors import UserError
 from distillpipe.evaluate.scoring import expected_values
 from distillpipe.evaluate.squad import best_spans
 from distillpipe.progress import Progress
 from distillpipe.ship.bundle import ONNX_FILE, load_model, load_tokenizer, read_config
 from distillpipe.ship.onnx import refusal
+from distillpipe.ship.rows import (  # noqa: F401 (re-exported: the rows are part of predict's API)
+    COLUMNS,
+    PredictInputError,
+    Row,
+    rows_from_lines,
+    rows_from_texts,
+    rows_from_tsv,
+    what,
+)
 from distillpipe.ship.runners import OnnxRunner, TorchRunner
 
 log = logging.getLogger(__name__)
 
-COLUMNS = {
-    "single": (("text", "sentence", "text_a", "sentence1"),),
-    "pair": (("text_a", "sentence1", "question1", "text"), ("text_b", "sentence2", "question2")),
-    "qa": (("question",), ("context",)),
-}
-"""TSV header names accepted for each field of a row, in order of preference (GLUE's names included)."""
-ID_COLUMNS = ("id", "idx")
-
-
-class PredictInputError(UserError, ValueError):
-    """Input that cannot be read at all (a missing file, a TSV without the columns the model needs)."""
-
-
-@dataclass
-class Row:
-    """One input row: its position in the input (1-based), its fields, the id a TSV gave it."""
-
-    line: int
-    fields: tuple[str, ...]
-    id: str | None = None
+INVALID_UTF8 = ("replace", "error")
+"""What predict does with a row holding bytes that are not UTF-8: predict it as decoded (U+FFFD in their place),
+flagged with ``invalid_utf8_offset``, or give it an error record naming the offset."""
 
 
 @dataclass
@@ -68,13 +59,16 @@ class PredictSummary:
     rows: int = 0
     errors: int = 0
     truncated: int = 0
+    invalid_utf8: int = 0
+    """Rows predicted with U+FFFD in place of bytes that are not UTF-8 (``invalid_utf8="replace"``)."""
     seconds: float = 0.0
     messages: list[str] = field(default_factory=list)
     """One per bad or truncated row: what and where (the CLI prints them)."""
 
     def one_line(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else float("inf")
-        return (f"predict: {self.rows:,} rows ({self.errors:,} with an error, {self.truncated:,} truncated) in "
+        bad = f", {self.invalid_utf8:,} with bytes that are not UTF-8 replaced" if self.invalid_utf8 else ""
+        return (f"predict: {self.rows:,} rows ({self.errors:,} with an error, {self.truncated:,} truncated{bad}) in "
                 f"{self.seconds:.1f} s, {rate:,.0f} rows/s")
 
 
@@ -85,57 +79,17 @@ def shape_of(config: dict[str, Any]) -> str:
     return "pair" if config["text_pair"] else "single"
 
 
-def rows_from_texts(texts: list[str], shape: str) -> list[Row]:
-    """``--text`` values: one row each (a pair or QA row: its two fields separated by the first TAB)."""
-    return [Row(i + 1, _split(t, shape)) for i, t in enumerate(texts)]
-
-
-def rows_from_lines(text: str, shape: str) -> list[Row]:
-    """A file of lines: one row per line, blank lines included (they get an error record, so the output lines up
-    with the input)."""
-    lines = text.splitlines()
-    return [Row(i + 1, _split(line, shape)) for i, line in enumerate(lines)]
-
-
-def rows_from_tsv(text: str, shape: str, where: str) -> list[Row]:
-    """A TSV file with a header row; the columns are picked by name (:data:`COLUMNS`)."""
-    reader = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
-    header = next(reader, None)
-    if not header:
-        raise PredictInputError(f"{where}: empty TSV file (a header row naming the columns comes first)")
-    index = {name.strip().lower(): i for i, name in enumerate(header)}
-    picks = []
-    for choices in COLUMNS[shape]:
-        found = next((index[c] for c in choices if c in index), None)
-        if found is None:
-            raise PredictInputError(f"{where}: no column named {' or '.join(choices)} in the header {header}: this "
-                                    f"model reads {_what(shape)}")
-        picks.append(found)
-    id_col = next((index[c] for c in ID_COLUMNS if c in index), None)
-    rows = []
-    for n, cells in enumerate(reader, start=2):
-        fields = tuple(cells[i] if i < len(cells) else "" for i in picks)
-        rows.append(Row(n, fields, cells[id_col] if id_col is not None and id_col < len(cells) else None))
-    return rows
-
-
-def _split(text: str, shape: str) -> tuple[str, ...]:
-    return (text,) if shape == "single" else tuple(text.split("\t", 1))
-
-
-def _what(shape: str) -> str:
-    return {"single": "one text per row", "pair": "two sentences per row (a pair)",
-            "qa": "a question and its context per row"}[shape]
-
-
-def check_row(row: Row, shape: str, max_chars: int) -> str | None:
+def check_row(row: Row, shape: str, max_chars: int, invalid_utf8: str = "replace") -> str | None:
     """What is wrong with ``row`` for this model, or None."""
+    if row.invalid_utf8_offset is not None and invalid_utf8 == "error":
+        return (f"bytes that are not UTF-8, the first at byte offset {row.invalid_utf8_offset:,} (--invalid-utf8 "
+                "error; with replace, the row is predicted with U+FFFD in their place)")
     if not any(f.strip() for f in row.fields):
         return "empty input"
     if shape != "single" and len(row.fields) < 2:
         second = "context" if shape == "qa" else "second sentence"
         first = "question" if shape == "qa" else "first sentence"
-        return (f"no {second}: this model reads {_what(shape)}; give the {first} and the {second} separated by a "
+        return (f"no {second}: this model reads {what(shape)}; give the {first} and the {second} separated by a "
                 "TAB (or a TSV file with a header)")
     for name, f in zip(("question", "context") if shape == "qa" else ("text", "second text"), row.fields):
         if not f.strip():
@@ -171,8 +125,10 @@ class Predictor:
             raise PredictInputError(f"unknown runtime {runtime!r}: torch or onnx")
 
     def predict(self, rows: list[Row], *, batch_size: int = 32, max_chars: int = 100_000,
-                progress: bool = False) -> tuple[list[dict[str, Any]], PredictSummary]:
-        """One record per row, in input order, and a summary."""
+                invalid_utf8: str = "replace", progress: bool = False) -> tuple[list[dict[str, Any]], PredictSummary]:
+        """One record per row, in input order, and a summary. ``invalid_utf8``: :data:`INVALID_UTF8`."""
+        if invalid_utf8 not in INVALID_UTF8:
+            raise PredictInputError(f"invalid_utf8={invalid_utf8!r}: one of {', '.join(INVALID_UTF8)}")
         t0 = time.perf_counter()
         summary = PredictSummary(rows=len(rows))
         records: list[dict[str, Any]] = []
@@ -180,13 +136,18 @@ class Predictor:
         notes: list[tuple[int, str]] = []  # (line, what), for the messages
         for i, row in enumerate(rows):
             rec: dict[str, Any] = {"line": row.line} | ({"id": row.id} if row.id is not None else {})
-            problem = check_row(row, self.shape, max_chars)
+            problem = check_row(row, self.shape, max_chars, invalid_utf8)
             if problem is not None:
                 rec["error"] = problem
                 summary.errors += 1
                 notes.append((row.line, problem))
             else:
                 good.append(i)
+                if row.invalid_utf8_offset is not None:
+                    rec["invalid_utf8_offset"] = row.invalid_utf8_offset
+                    summary.invalid_utf8 += 1
+                    notes.append((row.line, f"bytes that are not UTF-8, the first at byte offset "
+                                            f"{row.invalid_utf8_offset:,}: predicted with U+FFFD in their place"))
             records.append(rec)
         if good:
             chosen = [rows[i] for i in good]
@@ -198,7 +159,7 @@ class Predictor:
                     records[i]["truncated"] = True
                     summary.truncated += 1
                     notes.append((rows[i].line, cut))
-        summary.messages = [f"line {line}: {what}" for line, what in sorted(notes, key=lambda n: n[0])]
+        summary.messages = [f"line {line}: {note}" for line, note in sorted(notes, key=lambda n: n[0])]
         summary.seconds = time.perf_counter() - t0
         return records, summary
 
