@@ -141,5 +141,6 @@ def export_kwargs(r: dict, out: Path, **over) -> dict:
     """export_run's keyword arguments for a run made by :func:`make_run`."""
     kw = {"out_dir": out, "student_dir": r["student"], "tokens_dir": r["tokens"], "metrics_path": r["metrics"],
           "predictions_path": r["predictions"], "speed_path": r["root"] / "metrics" / "speed" / f"{r['run']}.json",
-          "params_path": r["params"], "root": r["root"]}
+          "params_path": r["params"], "root": r["root"],
+          "license": "apache-2.0"}  # the tiny teachers have no model card to take a license from
     return kw | over

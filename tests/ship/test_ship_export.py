@@ -40,7 +40,7 @@ def test_card_is_built_from_the_records(cls_run, exported):
     teacher_acc = f"{100 * metrics['teacher']['test']['accuracy']:.1f}"
     assert f"| {test_acc} [" in card and f"| {teacher_acc} [" in card  # scores with their intervals
     for expected in ("teacher `toy_classification`", "## Speed", "Not measured", "finetune.runs.hybrid-toy",
-                     "pipeline commit: unknown", "library_name: distillpipe", "dev 24, test 24, train 8",
+                     "pipeline commit: unknown", "library_name: transformers", "dev 24, test 24, train 8",
                      "huggingface_hub.upload_folder", metrics["student"]):
         assert expected in card, expected
     # the same code fingerprint as the run's checkpoints (train/build.py's run_identity)

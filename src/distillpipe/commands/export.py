@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from distillpipe.commands.base import ParamsOpt, user_errors
+from distillpipe.ship.card_meta import TEACHER_LICENSE
 from distillpipe.ship.export import export_run
 from distillpipe.students import RECORD_FILE
 
@@ -29,6 +30,9 @@ def export(run: Annotated[str, typer.Argument(help="the run to export (a key of 
                                                            "[metrics/speed/<run>.json]")] = None,
            tokenizer: Annotated[Path | None, typer.Option(help="the tokenizer folder [the one the tokens name]")]
            = None,
+           license: Annotated[str, typer.Option(help="the card's license, a Hub license id (apache-2.0, mit, "
+                                                     "cc-by-4.0, other, ...); teacher = the base teacher's, as its "
+                                                     "model card declares it")] = TEACHER_LICENSE,
            params: ParamsOpt = Path("params.yaml")) -> None:
     """Export a run's student: safetensors weights, config.json, tokenizer, a model card (and model.onnx)."""
     for noisy, level in (("onnx_ir", logging.WARNING), ("onnxscript", logging.WARNING),  # a line per graph rewrite
@@ -45,5 +49,5 @@ def export(run: Annotated[str, typer.Argument(help="the run to export (a key of 
                    metrics_path=metrics or Path("metrics/students") / f"{run}.json",
                    predictions_path=predictions or Path("predictions") / f"{run}.json",
                    speed_path=speed or Path("metrics/speed") / f"{run}.json", params_path=params,
-                   tokenizer_dir=tokenizer, onnx=onnx, root=params.resolve().parent)
+                   tokenizer_dir=tokenizer, onnx=onnx, root=params.resolve().parent, license=license)
     typer.echo(s.one_line())

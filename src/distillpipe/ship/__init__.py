@@ -7,6 +7,7 @@
   rows     input bytes -> rows: a row is a line as ``wc -l`` counts it, whatever bytes it holds
   predict  raw text (lines, TSV, stdin) -> the tokenize stage's rows -> batched forward -> JSON records
   card     the generated model card (``README.md``) from the run's records
+  card_meta  its YAML front matter in the Hub's conventions (license, base model, model-index of every score)
   export   ``distillpipe export``: a run's student, records and tokenizer into a folder
 
 The exported model runs the student's own forward (the module the pipeline trained and evaluated, rebuilt from its

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from distillpipe.evaluate.tables import NA, Bootstrap, Row, Scorer, format_metric
+from distillpipe.ship import card_meta
 from distillpipe.ship.remote_code import card_lines
 
 ARCHITECTURES = {
@@ -44,6 +45,12 @@ class CardInputs:
     bootstrap: Bootstrap
     folder: str
     """The exported folder's name (for the usage lines)."""
+    license: str
+    """The license the front matter declares (:func:`distillpipe.ship.card_meta.choose_license`)."""
+    license_source: str
+    """Where it came from, in words."""
+    origin: card_meta.TeacherOrigin
+    """The base teacher's spec, Hub id and license."""
 
 
 def _row(run: str, who: str, inp: CardInputs) -> Row:
@@ -80,16 +87,20 @@ def render_card(inp: CardInputs) -> str:
     metric = m["primary_metric"]
     scorer = Scorer(inp.bootstrap)
     student_row, teacher_row = _row(run, "student", inp), _row(f"teacher:{dataset}", "teacher", inp)
-    lines = ["---", "library_name: distillpipe", f"tags: [distillation, {c['student']}, {task_type}]",
-             f"datasets: [{dataset}]", f"metrics: [{metric}]", "---", "",
-             f"# {run}: a distilled {arch} for `{dataset}` ({task_type})", ""]
+    meta = card_meta.front_matter(run=run, config=c, metrics=m, params=inp.params, license=inp.license,
+                                  origin=inp.origin)
+    lines = [*card_meta.render(meta), "", f"# {run}: a distilled {arch} for `{dataset}` ({task_type})", ""]
     if rec.get("note"):
         lines += [str(rec["note"]), ""]
     lines += [f"Distilled with distillpipe from the teacher `{teacher['name']}` "
               f"({_millions((teacher.get('params') or {}).get('total'))} parameters) on the dataset `{dataset}`. "
               f"This folder is self-contained: weights (`model.safetensors`), `config.json`, the tokenizer's files"
               f"{', `model.onnx`' if c.get('onnx') else ''} and this card. It needs only `distillpipe` installed "
-              "(no DVC, Zarr or datasets).", ""]
+              "(no DVC, Zarr or datasets).", "",
+              f"License: `{inp.license}`, {inp.license_source}; the terms of the data it was distilled on "
+              f"(`{dataset}`) may add to it." + (f" Base model (`base_model`): `{inp.origin.hub_id}`, the Hub model "
+                                                  f"the teacher was imported from (`{inp.origin.spec}`), fine-tuned "
+                                                  "on the task by the pipeline." if inp.origin.hub_id else ""), ""]
 
     lines += ["## Scores", "",
               f"Primary metric `{metric}` in percent, with 95% bootstrap intervals over the split's examples "
@@ -115,6 +126,9 @@ def render_card(inp: CardInputs) -> str:
                          if isinstance(v, float)]
                 lines.append(f"- {split} (all metrics, %): " + ", ".join(parts))
         lines.append("")
+    lines += ["The front matter's `model-index` carries every dev/test score of the student as the evaluate stage "
+              "records it (" + ("SQuAD v2's EM and F1 in percent" if task_type == "qa" else "as fractions, not percent")
+              + "), so that a Hub page lists them.", ""]
     p = m.get("params") or {}
     lines += [f"Parameters: {p.get('total', 0):,} ({p.get('without_embeddings', 0):,} without embeddings); "
               f"trained {rec.get('trainable_params') or 0:,} of them.", ""]

@@ -39,6 +39,7 @@ from distillpipe.ship.bundle import (
     write_weights,
 )
 from distillpipe.ship.card import CardInputs, render_card
+from distillpipe.ship.card_meta import TEACHER_LICENSE, choose_license, teacher_origin
 from distillpipe.ship.onnx import export_onnx, head_type, refusal
 from distillpipe.ship.remote_code import config_entries, limits, write_code
 from distillpipe.students import load_student
@@ -86,7 +87,8 @@ def _json(path: Path, what: str, fix: str) -> dict[str, Any]:
 
 def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, metrics_path: Path,
                predictions_path: Path, speed_path: Path, params_path: Path, tokenizer_dir: Path | None = None,
-               onnx: bool = False, root: Path = Path(".")) -> ExportSummary:
+               onnx: bool = False, root: Path = Path("."), license: str = TEACHER_LICENSE) -> ExportSummary:
+    """``license``: the card's license (a Hub license id), or ``teacher``: the base teacher's (ship/card_meta.py)."""
     t0 = time.perf_counter()
     model, record = load_student(student_dir, torch.device("cpu"))
     cfg, task = record.pop("model"), record.pop("task")
@@ -113,6 +115,8 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
                           f"{count_parameters(model)['total']:,}: the scores are not of this student; {redo}")
     speed = json.loads(speed_path.read_text()) if speed_path.is_file() else None
     params = load_params(params_path)
+    origin = teacher_origin(params)
+    card_license, license_source = choose_license(license, origin)  # before writing anything: it may refuse
     bootstrap = load_section(params_path, "report", ReportConfig).bootstrap
     qa = None
     if task.kind == "qa":
@@ -150,7 +154,8 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
         write_config(tmp, config)
         card = CardInputs(run=run, config=config, record=record, metrics=metrics, predictions=predictions,
                           speed=speed, params=params, tokens_meta=meta, commit=pipeline_commit(root),
-                          bootstrap=bootstrap, folder=out_dir.name)
+                          bootstrap=bootstrap, folder=out_dir.name, license=card_license,
+                          license_source=license_source, origin=origin)
         (tmp / CARD_FILE).write_text(render_card(card))
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
