@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -20,6 +20,12 @@ def export(run: Annotated[str, typer.Argument(help="the run to export (a key of 
            out: Annotated[Path, typer.Option(help="the folder to write (replaced if it is an earlier export)")],
            onnx: Annotated[bool, typer.Option(help="also write model.onnx (dynamic batch and length axes), "
                                                    "checked against PyTorch")] = False,
+           quantize: Annotated[Literal["none", "dynamic"], typer.Option(
+               help="dynamic: also an int8 student (model.int8.onnx from model.onnx, which it implies, or "
+                    "model.int8.pt where ONNX cannot go), refused if its dev/test predictions differ from the float "
+                    "student's beyond tolerance")] = "none",
+           prepared: Annotated[Path | None, typer.Option(help="the prepared dataset (QA --quantize scores its "
+                                                              "examples) [data/prepared/<dataset>]")] = None,
            student: Annotated[Path | None, typer.Option(help="student folder [models/students/<run>]")] = None,
            tokens: Annotated[Path | None, typer.Option(help="its tokens [data/tokens/<dataset>]")] = None,
            metrics: Annotated[Path | None, typer.Option(help="evaluate's scores [metrics/students/<run>.json]")]
@@ -49,5 +55,6 @@ def export(run: Annotated[str, typer.Argument(help="the run to export (a key of 
                    metrics_path=metrics or Path("metrics/students") / f"{run}.json",
                    predictions_path=predictions or Path("predictions") / f"{run}.json",
                    speed_path=speed or Path("metrics/speed") / f"{run}.json", params_path=params,
-                   tokenizer_dir=tokenizer, onnx=onnx, root=params.resolve().parent, license=license)
+                   tokenizer_dir=tokenizer, onnx=onnx, root=params.resolve().parent, license=license,
+                   quantize=quantize, prepared_dir=prepared)
     typer.echo(s.one_line())

@@ -26,8 +26,9 @@ def predict(folder: Annotated[Path, typer.Argument(help="an exported student (di
             format: Annotated[Literal["auto", "lines", "tsv"], typer.Option(
                 help="how to read --input: auto = tsv for *.tsv, lines otherwise")] = "auto",
             out: Annotated[Path | None, typer.Option(help="JSON lines file to write [stdout]")] = None,
-            runtime: Annotated[Literal["torch", "onnx"], typer.Option(help="PyTorch, or ONNX Runtime on "
-                                                                          "model.onnx")] = "torch",
+            runtime: Annotated[Literal["torch", "onnx", "onnx-int8", "torch-int8"], typer.Option(
+                help="PyTorch, or ONNX Runtime on model.onnx; the int8 student of export --quantize dynamic: "
+                     "onnx-int8 (model.int8.onnx) or torch-int8 (model.int8.pt, CPU)")] = "torch",
             device: Annotated[str, typer.Option(help="auto, cpu or cuda[:i]")] = "auto",
             batch_size: Annotated[int, typer.Option(help="rows per forward")] = 32,
             max_chars: Annotated[int, typer.Option(help="longer fields are refused (an error record)")] = 100_000,

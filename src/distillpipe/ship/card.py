@@ -13,6 +13,7 @@ import yaml
 
 from distillpipe.evaluate.tables import NA, Bootstrap, Row, Scorer, format_metric
 from distillpipe.ship import card_meta
+from distillpipe.ship.quantize import card_lines as int8_lines
 from distillpipe.ship.remote_code import card_lines
 
 ARCHITECTURES = {
@@ -143,6 +144,8 @@ def render_card(inp: CardInputs) -> str:
     else:
         lines += ["Not measured for this run (the `speed` stage times the runs listed under `speed.runs`, one per "
                   "architecture: a student's speed depends on its architecture and size, not its weights).", ""]
+
+    lines += int8_lines(c, inp.folder)  # export --quantize (ship/quantize.py)
 
     lines += ["## Data", ""]
     summary = inp.tokens_meta.get("summary") or {}

@@ -41,6 +41,7 @@ from distillpipe.ship.bundle import (
 from distillpipe.ship.card import CardInputs, render_card
 from distillpipe.ship.card_meta import TEACHER_LICENSE, choose_license, teacher_origin
 from distillpipe.ship.onnx import export_onnx, head_type, refusal
+from distillpipe.ship.quantize import QUANTIZE_KINDS, quantize_student
 from distillpipe.ship.remote_code import config_entries, limits, write_code
 from distillpipe.students import load_student
 
@@ -59,10 +60,15 @@ class ExportSummary:
     """File name -> bytes."""
     onnx: dict[str, Any] | None
     seconds: float
+    quantized: dict[str, Any] | None = None
 
     def one_line(self) -> str:
         size = sum(self.files.values())
         extra = f", ONNX parity {self.onnx['parity_max_difference']:.1e}" if self.onnx else ""
+        if self.quantized:
+            worst = min(c["agreement"] for c in self.quantized["checks"])
+            extra += (f", int8 {self.quantized['bytes'] / 1e6:.1f} MB ({self.quantized['runtime']}), agreement "
+                      f"{worst:.1%}")
         return (f"export {self.run}: {self.out} ({len(self.files)} files, {size / 1e6:.1f} MB{extra}) in "
                 f"{self.seconds:.1f} s")
 
@@ -87,9 +93,16 @@ def _json(path: Path, what: str, fix: str) -> dict[str, Any]:
 
 def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, metrics_path: Path,
                predictions_path: Path, speed_path: Path, params_path: Path, tokenizer_dir: Path | None = None,
-               onnx: bool = False, root: Path = Path("."), license: str = TEACHER_LICENSE) -> ExportSummary:
-    """``license``: the card's license (a Hub license id), or ``teacher``: the base teacher's (ship/card_meta.py)."""
+               onnx: bool = False, root: Path = Path("."), license: str = TEACHER_LICENSE, quantize: str = "none",
+               prepared_dir: Path | None = None) -> ExportSummary:
+    """``license``: the card's license (a Hub license id), or ``teacher``: the base teacher's (ship/card_meta.py).
+    ``quantize="dynamic"``: also an int8 student (ship/quantize.py), checked against the float one on the tokens'
+    dev and test splits; for a student that exports to ONNX it implies ``onnx`` (the int8 graph is made from the
+    float graph). ``prepared_dir``: the prepared dataset, whose examples QA scoring reads [data/prepared/<dataset>
+    beside the tokens]."""
     t0 = time.perf_counter()
+    if quantize not in QUANTIZE_KINDS:
+        raise ExportError(f"--quantize {quantize!r}: one of {', '.join(QUANTIZE_KINDS)}")
     model, record = load_student(student_dir, torch.device("cpu"))
     cfg, task = record.pop("model"), record.pop("task")
     if record.get("name") != run:
@@ -97,6 +110,8 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
     if task.kind == "mlm":
         raise ExportError(f"{run} is a general-distilled {cfg.student} (trained on the corpus {record['dataset']}): "
                           "export a task student, i.e. a finetune run initialised from it (finetune.runs)")
+    if quantize != "none" and refusal(cfg.student, head_type(task)) is None:
+        onnx = True  # the int8 graph is quantized from the float graph, and the card times one beside the other
     if onnx and (reason := refusal(cfg.student, head_type(task))):
         raise ExportError(f"cannot export {run} to ONNX: {reason}. Export it without --onnx (and predict with the "
                           "PyTorch runtime); docs/use-your-student.md lists what exports")
@@ -149,6 +164,9 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
             "weights": write_weights(tmp, model),
             "onnx": export_onnx(model, cfg.student, task, tmp / ONNX_FILE) if onnx else None,
         }
+        if quantize != "none":
+            config["quantized"] = _quantize(model, task, tmp, config, record, meta, metrics, predictions,
+                                            tokens_dir, prepared_dir, bootstrap)
         config |= config_entries(config)  # transformers' keys (AutoConfig, the Auto classes, pipelines)
         config["transformers"] = {"files": write_code(tmp, config), "limits": limits(config)}
         write_config(tmp, config)
@@ -163,4 +181,23 @@ def export_run(run: str, *, out_dir: Path, student_dir: Path, tokens_dir: Path, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir())}
-    return ExportSummary(run, out_dir, files, config["onnx"], time.perf_counter() - t0)
+    return ExportSummary(run, out_dir, files, config["onnx"], time.perf_counter() - t0, config.get("quantized"))
+
+
+def _quantize(model, task, folder: Path, config: dict[str, Any], record: dict[str, Any], meta: dict[str, Any],
+              metrics: dict[str, Any], predictions: dict[str, Any], tokens_dir: Path, prepared_dir: Path | None,
+              bootstrap) -> dict[str, Any]:
+    """The int8 student, scored on the splits evaluate scored (ship/quantize.py)."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(tokens_dir))
+    splits = {s: data[s] for s in ("dev", "test") if s in data and (predictions.get("student") or {}).get(s)}
+    if not splits:
+        raise ExportError(f"{tokens_dir} has no dev or test split that evaluate scored: the int8 student cannot be "
+                          "checked against the float one")
+    if task.kind == "qa" and prepared_dir is None:
+        prepared_dir = Path(tokens_dir).parent.parent / "prepared" / record["dataset"]
+    threshold = config["qa"]["threshold"] if config.get("qa") else None
+    return quantize_student(model, task, folder=folder, onnx_config=config["onnx"], splits=splits,
+                            metric=metrics["primary_metric"], task_type=meta["task_type"], prepared_dir=prepared_dir,
+                            threshold=threshold, bootstrap=bootstrap)

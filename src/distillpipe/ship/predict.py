@@ -36,6 +36,7 @@ from distillpipe.evaluate.squad import best_spans
 from distillpipe.progress import Progress
 from distillpipe.ship.bundle import ONNX_FILE, load_model, load_tokenizer, read_config
 from distillpipe.ship.onnx import refusal
+from distillpipe.ship.quantize import INT8_ONNX_FILE, INT8_TORCH_FILE, int8_file, load_torch_int8
 from distillpipe.ship.rows import (  # noqa: F401 (re-exported: the rows are part of predict's API)
     COLUMNS,
     PredictInputError,
@@ -121,8 +122,21 @@ class Predictor:
                     f"export it with `distillpipe export {self.config['run']} --onnx`, or predict with "
                     "--runtime torch"))
             self.runner = OnnxRunner(self.folder / ONNX_FILE, onnx, device, threads)
+        elif runtime in ("onnx-int8", "torch-int8"):  # export --quantize dynamic (ship/quantize.py)
+            q = self.config.get("quantized")
+            file = INT8_ONNX_FILE if runtime == "onnx-int8" else INT8_TORCH_FILE
+            if not q or q["file"] != file or not (self.folder / file).is_file():
+                raise PredictInputError(f"{self.folder} has no {file}: " + (
+                    f"its int8 student is {q['file']} (--runtime {'onnx' if q['file'] == INT8_ONNX_FILE else 'torch'}"
+                    "-int8)" if q else f"export it with `distillpipe export {self.config['run']} --quantize dynamic`"))
+            path = int8_file(self.folder, self.config)
+            if runtime == "onnx-int8":
+                self.runner = OnnxRunner(path, self.config["onnx"], device, threads)
+            else:
+                model, _ = load_model(self.folder, torch.device("cpu"))
+                self.runner = TorchRunner(load_torch_int8(model, path), torch.device("cpu"), outputs)
         else:
-            raise PredictInputError(f"unknown runtime {runtime!r}: torch or onnx")
+            raise PredictInputError(f"unknown runtime {runtime!r}: torch, onnx, onnx-int8 or torch-int8")
 
     def predict(self, rows: list[Row], *, batch_size: int = 32, max_chars: int = 100_000,
                 invalid_utf8: str = "replace", progress: bool = False) -> tuple[list[dict[str, Any]], PredictSummary]:

@@ -15,6 +15,9 @@ from torch import nn
 from distillpipe.errors import UserError
 from distillpipe.runtime import autocast
 
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+"""ONNX Runtime graph rewrites left out: slower than what they replace on the CPU (:class:`OnnxRunner`)."""
+
 
 class RuntimeMissing(UserError, RuntimeError):
     """ONNX Runtime was asked for but is not installed."""
@@ -53,7 +56,11 @@ class OnnxRunner:
         providers = ["CPUExecutionProvider"]
         if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
-        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        # ORT fuses a residual Add with the LayerNormalization after it (SkipLayerNormalization); on the CPU that
+        # kernel took 7% of MiniALBERT-128's time at batch 32, ~4x the two ops it replaces (measured 2026-11-28,
+        # onnxruntime 1.32): with it ORT ran 0.98x PyTorch there, without it 1.04x (docs/use-your-student.md)
+        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers,
+                                            disabled_optimizers=DISABLED_OPTIMIZERS if len(providers) == 1 else None)
         self.feeds = [i.name for i in self.session.get_inputs()]  # an input the graph does not read is dropped
         self.outputs = list(onnx_config["outputs"])
         self.multiple = int(onnx_config["length_multiple"])

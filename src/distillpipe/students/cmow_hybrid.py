@@ -106,6 +106,12 @@ class CMOWHybrid(nn.Module):
         B, L = input_ids.shape
         d = self.cfg.d
         eye = torch.eye(d, dtype=table.weight.dtype, device=input_ids.device)
+        if torch.compiler.is_exporting() and not self.training:
+            # The same values, spelled for ONNX Runtime: it runs the write below as NonZero + ScatterND, and a float
+            # select over (B, L, d, d) took a fifth of the graph's time at batch 32; pads instead gather an identity
+            # row appended to the table (a constant: ORT folds the Concat when it loads the graph).
+            rows = torch.cat([table.weight, eye.reshape(1, d * d)])  # (V + 1, d * d)
+            return F.embedding(torch.where(mask, input_ids, table.num_embeddings), rows).view(B, L, d, d)
         X = table(input_ids).view(B, L, d, d)  # (B, L, d, d)
         if self.training and self.dropout.p > 0:
             # Dropout on X - I rather than on X: plain dropout zeroes diagonal entries of the near-identity
@@ -113,8 +119,6 @@ class CMOWHybrid(nn.Module):
             # probability (1-p)^n (p=0.1, n=64: 0.1%), so training-time products would collapse to ~0 while
             # eval-time products are ~I. A dropped entry here falls back to the identity's entry.
             X = eye + self.dropout(X - eye)
-        if torch.compiler.is_exporting():  # the same values: ONNX Runtime runs the write below as NonZero +
-            return torch.where(mask[:, :, None, None], X, eye)  # ScatterND, 3x this select; eager runs it faster
         X[~mask] = eye  # pads are identities (X is a fresh tensor: the lookup's backward does not need it)
         return X
 
@@ -157,7 +161,11 @@ class CMOWHybrid(nn.Module):
             seq_parts += seq_cmow
             tok_parts += tok_cmow
         if self.use_cbow:
-            x = self.dropout(self.x_cbow(input_ids)) * mask[:, :, None]  # (B, L, d_vec), zero at pads
+            if torch.compiler.is_exporting() and not self.training:  # pads gather a zero row: no Mul over x
+                rows = F.pad(self.x_cbow.weight, (0, 0, 0, 1))  # (V + 1, d_vec), a constant ORT folds
+                x = F.embedding(torch.where(mask, input_ids, self.x_cbow.num_embeddings), rows)  # (B, L, d_vec)
+            else:
+                x = self.dropout(self.x_cbow(input_ids)) * mask[:, :, None]  # (B, L, d_vec), zero at pads
             # CBOW is the sum of the vectors (paper eq. h^(CBOW) = sum_j x_j; seq2mat's Seq2matCBOW sums too).
             total = x.sum(dim=1)  # (B, d_vec)
             if tokens:
@@ -336,7 +344,11 @@ def _static_tree_product(X: torch.Tensor, reverse: bool, max_len: int) -> torch.
     a symbolic L, L must be a multiple of the chunk (then no identities are appended to it)."""
     B, L, d, _ = X.shape
     c = EXPORT_CHUNK
-    X = _pad_identities(X, -L % c).view(B, -1, c, d, d)  # (B, K, c, d, d)
+    if isinstance(L, int):
+        X = _pad_identities(X, -L % c)
+    # else a symbolic L, which the export declares a multiple of c: appending 0 identities would still be a Pad and
+    # an Add over all of X in the graph (a tenth of its time at batch 32)
+    X = X.view(B, X.shape[1] // c, c, d, d)  # (B, K, c, d, d)
     for _ in range(c.bit_length() - 1):
         X = _halve(X, reverse)  # (B, K, c / 2^j, d, d)
     X = X[:, :, 0]  # (B, K, d, d): each chunk's product
