@@ -281,8 +281,8 @@ def card_lines(config: Mapping[str, Any], folder: str) -> list[str]:
                      f"{pct(c['difference']):+.1f} {ci} | {c['test']} | "
                      f"{'<0.001' if p < 0.001 else f'{p:.3f}'} | {c['agreement']:.1%} |")
     t = q["tolerance"]
-    lines += ["", f"Export checked it: on every split at most {t['max_disagreement']:.0%} of the predictions (and at "
-              f"least one) may differ from the float student's, and a drop of `{q['metric']}` must not be "
+    lines += ["", f"Export checked it: on every split at most {t['max_disagreement']:.0%} of the predictions (one "
+              f"is always allowed) may differ from the float student's, and a drop of `{q['metric']}` must not be "
               f"significant at {t['alpha']}.", "", "```bash",
               f"distillpipe predict {folder} --input rows.tsv --runtime {'onnx' if onnx else 'torch'}-int8", "```", ""]
     return lines
