@@ -106,7 +106,7 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
             task["regression_bin_width"] = STSB_BIN_WIDTH
         elif not regression:
             task["regression_bin_width"] = None
-        task.update(teacher_recipe("qa" if kind == "qa" else "regression" if regression else "classification"))
+        task.update(teacher_recipe("qa" if kind == "qa" else "regression" if regression else "classification", task))
         plan.append(("teacher_finetune.tasks", name, task))
     if like in params["teacher_cache"]["datasets"]:
         entry = copy.deepcopy(params["teacher_cache"]["datasets"][like])
@@ -256,7 +256,9 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
             lines.append(f"  teacher_finetune.tasks.{name}: copied as it is, not measured: {e}")
         if teacher_rates is not None:
             sized = _sized(size_teacher, task, train_rows, dev_rows, teacher_rates, budget_s)
-            recipe = f"{task['epochs']} epochs of all {train_rows:,} rows at lr {task['lr']:g} (BERT's)"
+            recipe = (f"{task['epochs']} epochs of all {train_rows:,} rows (at least BERT's epochs) at the copied lr "
+                      f"{task['lr']:g}, batch {task['batch_size']} (tuned for the embedded MiniLM-L6: a BERT-size "
+                      "teacher wants 2e-5..5e-5)")
             task.update(sized.changes)
             total += sized.seconds
             lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step", recipe))
