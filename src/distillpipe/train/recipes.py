@@ -1,7 +1,7 @@
 """The papers' training recipes that ``distillpipe new-task`` starts a new task from, before fitting them to
 ``--budget`` (:mod:`distillpipe.train.sizing`).
 
-The embedded params.yaml is sized for minutes of a 2-core CPU (a teacher on 448 rows for 28 steps, students of
+The embedded params.yaml is sized for minutes of a 2-core CPU (a teacher on 640 rows for 40 steps, students of
 40-96 steps): copied onto a user's data as they are, they train a teacher on a sliver of it and call that the
 teacher. So a new task's schedules start from these recipes, and the budget then cuts what does not fit.
 
