@@ -326,6 +326,8 @@ class Checkpointer:
             return
         check_plain(state)
         staged = self._stage(state, (), {})
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the non-blocking copies are in the buffers before the caller changes weights
         self.saved.append(step)
         self._thread = threading.Thread(target=self._write, args=(step, staged), name=f"checkpoint-{step}")
         self._thread.start()
@@ -375,9 +377,7 @@ class Checkpointer:
             if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
                 buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.is_cuda)
                 self._buffers[path] = buf
-            buf.copy_(x.detach(), non_blocking=x.is_cuda)
-            if x.is_cuda:
-                torch.cuda.current_stream(x.device).synchronize()
+            buf.copy_(x.detach(), non_blocking=x.is_cuda)  # synchronised once, after the whole state (save)
             memo[key] = buf
             return buf
         if isinstance(x, dict):

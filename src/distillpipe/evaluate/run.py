@@ -63,8 +63,8 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     # A fine-tuned teacher was scored on these tokens when teacher_finetune saved it (metrics.json and
     # predictions.json in its folder, with its parameter counts); only teachers without those records are loaded
     # and run here (loading one costs a stage ~4 CPU-s: transformers and the weights).
-    recorded = _recorded_teacher(Path(teacher_dir), meta)
     teacher_record = _recorded_record(Path(teacher_dir), meta)
+    recorded = _recorded_teacher(Path(teacher_dir), meta, teacher_record)
     teacher_params = teacher_record.get("params")
     loaded: list = []
 
@@ -118,13 +118,16 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     return result
 
 
-def _recorded_teacher(teacher_dir: Path, meta: dict) -> dict[str, Scored]:
-    """{split: scores and records} that teacher_finetune recorded on exactly these tokens, or {} (e.g. an
-    imported teacher, or one fine-tuned on another dataset)."""
+def _recorded_teacher(teacher_dir: Path, meta: dict, rec: dict[str, Any] | None = None) -> dict[str, Scored]:
+    """{split: scores and records} that teacher_finetune recorded on exactly these tokens (``rec``: its metrics.json
+    as :func:`_recorded_record` read it; None: read it here), or {} (e.g. an imported teacher, or one fine-tuned on
+    another dataset)."""
+    if rec is None:
+        rec = _recorded_record(teacher_dir, meta)
     metrics_path, predictions_path = teacher_dir / METRICS_FILE, teacher_dir / PREDICTIONS_FILE
-    if not (metrics_path.is_file() and predictions_path.is_file()):
+    if not (rec and predictions_path.is_file()):
         return {}
-    rec, preds = json.loads(metrics_path.read_text()), json.loads(predictions_path.read_text())
+    preds = json.loads(predictions_path.read_text())
     if not rec.get("tokens") == preds.get("tokens") == meta["fingerprint"]:
         return {}
     dev = {k: v for k, v in rec.items()
