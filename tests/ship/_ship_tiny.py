@@ -14,7 +14,7 @@ from _tiny import TINY_WALDORF, make_qa_tokens, make_tiny_bert_dir
 
 from distillpipe.config.base import build
 from distillpipe.config.evaluate import EvaluateConfig
-from distillpipe.config.students import CMOWHybridConfig, HeadConfig, MiniALBERTConfig, WaLDORfConfig
+from distillpipe.config.students import CMOWHybridConfig, ElmoConfig, HeadConfig, MiniALBERTConfig, WaLDORfConfig
 from distillpipe.config.tokenize import TokenizeClassificationConfig, TokenizeConfig
 from distillpipe.data.schema import read_meta, write_meta
 from distillpipe.data.tokenize import tokenize_dataset
@@ -34,7 +34,8 @@ MINIALBERT = {"student": "minialbert", "embedding_size": 8, "d_model": 16, "n_he
 WALDORF = {**TINY_WALDORF, "init_std": 0.3}
 ELMO = {"student": "elmo", "d_input": 8, "output": "continuous", "d_hidden": 16, "d_proj": 8, "n_layers": 2,
         "adaptive_cutoffs": [10], "adaptive_div_value": 4.0, "dropout": 0.0, "init_std": 0.1}
-CONFIGS = {"cmow_hybrid": CMOWHybridConfig, "minialbert": MiniALBERTConfig, "waldorf": WaLDORfConfig}
+CONFIGS = {"cmow_hybrid": CMOWHybridConfig, "minialbert": MiniALBERTConfig, "waldorf": WaLDORfConfig,
+           "elmo": ElmoConfig}
 BOOTSTRAP = {"n_resamples": 200, "confidence": 0.95, "seed": 0}
 
 
@@ -78,7 +79,15 @@ def _student(meta: dict, model: dict, *, encoding: str, head: str | None, bin_wi
                     bin_width=bin_width)
     cfg = build(CONFIGS[model["student"]], model, "model")
     torch.manual_seed(seed)
-    return build_student(cfg, task).eval(), cfg, task
+    student = build_student(cfg, task).eval()
+    if model["student"] == "elmo":  # the word-vector table the loop copies in: random, special tokens zero as there
+        student.input_vectors.normal_()
+        student.input_vectors[[int(tok[k]) for k in ("pad_id", "cls_id", "sep_id", "mask_id")]] = 0.0
+        if kind == "classification":  # a scalar mix far from its uniform start, so each layer's weight shows
+            with torch.no_grad():
+                student.head.mix.scalars.normal_()
+                student.head.mix.gamma.fill_(1.5)
+    return student, cfg, task
 
 
 def make_run(root: Path, name: str, *, task: str, model: dict, encoding: str = "joint",

@@ -2,7 +2,11 @@
 modeling_*.py), in a child process where importing distillpipe fails, and predicts what ``distillpipe predict``
 predicts, example by example on the test splits: logits within 1e-5 of distillpipe's own module on the same token
 ids, the same labels, bin probabilities and QA spans. This is also the test that the re-implemented forwards in
-ship/hf/ stay equal to the students' modules."""
+ship/hf/ stay equal to the students' modules.
+
+ELMo is tested as ELMo-C only: an ELMo-A or ELMo-Sub classification student has the same modules and forward (the
+variants differ in the language model's output layer, which a classification student does not have), which
+test_elmo_variants_share_one_classifier checks."""
 
 import json
 import os
@@ -13,14 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _ship_tiny import MINIALBERT, export_kwargs, make_run
+from _ship_tiny import ELMO, MINIALBERT, evaluated_run, export_kwargs, make_run
 from datasets import load_from_disk
 from scipy.special import softmax
 
 from distillpipe.ship.bundle import load_model, read_config
 from distillpipe.ship.export import export_run
 from distillpipe.ship.predict import Predictor, Row
-from distillpipe.ship.remote_code import DIFFCAT_REASON
+from distillpipe.ship.remote_code import CLASS_NAMES, DIFFCAT_REASON, TEMPLATES, files
+from distillpipe.students import STUDENTS, build_student
 
 PROBE = Path(__file__).with_name("_hf_probe.py")
 TOL = 1e-5
@@ -40,13 +45,25 @@ def pair_exported(tmp_path_factory, pair_run):
     return folder
 
 
+@pytest.fixture(scope="session")
+def elmo_exported(tmp_path_factory, cls_run):
+    """An ELMo-C student with an MLP head (as finetune@elmo-c-polarity) on the classification run's tokens, evaluated
+    and exported: only the student is new (its data, tokens and teacher are cls_run's)."""
+    r = evaluated_run(tmp_path_factory.mktemp("elmo"), "elmo-c-toy", prepared=cls_run["prepared"],
+                      tokens=cls_run["tokens"], teacher=cls_run["teacher"], model=ELMO, encoding="joint", head="mlp",
+                      bin_width=None)
+    folder = tmp_path_factory.mktemp("exported") / r["run"]
+    export_run(r["run"], **export_kwargs(r, folder))
+    return folder
+
+
 def _rows(prepared, fields):
     test = load_from_disk(str(prepared))["test"]
     return [list(r) for r in zip(*(test[f] for f in fields))]
 
 
 @pytest.fixture(scope="module")
-def hf(exported, pair_exported, cls_run, reg_run, pair_run, qa_run, tmp_path_factory):
+def hf(exported, pair_exported, elmo_exported, cls_run, reg_run, pair_run, qa_run, tmp_path_factory):
     """One child interpreter (``python -I``, distillpipe blocked) runs every job; its results by job name."""
     jobs = {
         "cmow": {"folder": str(exported["classification"]), "kind": "classification",
@@ -57,6 +74,8 @@ def hf(exported, pair_exported, cls_run, reg_run, pair_run, qa_run, tmp_path_fac
                             "rows": _rows(pair_run["prepared"], ["text_a", "text_b"])},
         "waldorf_qa": {"folder": str(exported["qa"]), "kind": "qa",
                        "rows": _rows(qa_run["prepared"], ["question", "context"])},
+        "elmo": {"folder": str(elmo_exported), "kind": "classification",
+                 "rows": _rows(cls_run["prepared"], ["text_a"])},
     }
     tmp = tmp_path_factory.mktemp("hf")
     (tmp / "jobs.json").write_text(json.dumps(list(jobs.values())))
@@ -96,7 +115,7 @@ def _scores(pipeline_out):
 
 def test_loaded_by_transformers_alone(hf, exported):
     assert hf["meta"]["distillpipe_blocked"] and not hf["meta"]["distillpipe_in_modules"]
-    for name in ("cmow", "minialbert_diffcat", "minialbert_pair", "waldorf_qa"):
+    for name in ("cmow", "minialbert_diffcat", "minialbert_pair", "waldorf_qa", "elmo"):
         job = hf[name]
         assert job["model_module"].startswith("transformers_modules."), job["model_module"]  # the folder's code
         assert job["loading_info"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [],
@@ -104,14 +123,15 @@ def test_loaded_by_transformers_alone(hf, exported):
         assert job["tokenizer_class"].startswith("Bert")
     assert hf["cmow"]["model_class"] == "CMOWHybridForSequenceClassification"
     assert hf["waldorf_qa"]["model_class"] == "WaLDORfForQuestionAnswering"
+    assert hf["elmo"]["model_class"] == "ElmoForSequenceClassification"
     config = read_config(exported["qa"])  # still distillpipe's own record
     assert config["auto_map"]["AutoModelForQuestionAnswering"] == "modeling_waldorf.WaLDORfForQuestionAnswering"
     assert set(config["transformers"]["files"]) <= set(os.listdir(exported["qa"]))
 
 
-def test_cmow_classification_equals_predict(hf, exported):
-    folder, job = exported["classification"], hf["cmow"]
-    rows = hf["jobs"]["cmow"]["rows"]
+def _classification_equals_predict(folder, job, rows):
+    """Per row: transformers' logits equal distillpipe's module's on the same ids, and the pipeline's label and
+    probabilities equal ``predict``'s; the rows' token ids."""
     records = _predict(folder, rows)
     labels = []
     for row, rec in zip(job["rows"], records):
@@ -124,6 +144,54 @@ def test_cmow_classification_equals_predict(hf, exported):
         labels.append(rec["label"])
     assert len(set(labels)) == 2, "a constant predictor would make this test vacuous"
     assert sum(len(r["input_ids"]) == 32 for r in job["rows"]) == 2  # the two long rows, cut as training cut them
+
+
+def test_cmow_classification_equals_predict(hf, exported):
+    _classification_equals_predict(exported["classification"], hf["cmow"], hf["jobs"]["cmow"]["rows"])
+
+
+def test_elmo_classification_equals_predict(hf, elmo_exported):
+    """ELMo-C features (forward and backward LSTMs with projections over the word-vector table, the scalar mix, mean
+    pool) under an MLP head: predict pads rows into batches, transformers runs each row alone."""
+    _classification_equals_predict(elmo_exported, hf["elmo"], hf["jobs"]["elmo"]["rows"])
+    config = read_config(elmo_exported)
+    assert config["transformers"] == {"files": files("elmo", "classification"), "limits": None}
+    assert config["auto_map"]["AutoModelForSequenceClassification"] == "modeling_elmo.ElmoForSequenceClassification"
+    card = (elmo_exported / "README.md").read_text()
+    assert "ELMo-C biLM features" in card and "AutoModelForSequenceClassification.from_pretrained" in card
+    assert "library_name: transformers" in card
+
+
+def test_elmo_variants_share_one_classifier(cls_run):
+    """ELMo-C, -A and -Sub classification students have the same parameters (names and shapes) and the same forward:
+    one state dict gives all three the same logits, so the exported ELMo-C covers the other two."""
+    from distillpipe.config.base import build
+    from distillpipe.config.students import ElmoConfig
+
+    task = cls_run["task"]  # joint, MLP head
+    models = {}
+    for output in ("continuous", "adaptive", "subword"):
+        torch.manual_seed(0)
+        models[output] = build_student(build(ElmoConfig, ELMO | {"output": output}, "model"), task).eval()
+    state = models["continuous"].state_dict()
+    state["input_vectors"].normal_()
+    batch = {"input_ids": torch.tensor([[2, 16, 17, 3, 0], [2, 35, 36, 37, 3]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 1, 0], [1] * 5]).bool()}
+    logits = []
+    for model in models.values():
+        assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in state.items()}
+        model.load_state_dict(state, strict=True)
+        with torch.inference_mode():
+            logits.append(model(batch).logits)
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+
+
+def test_every_architecture_ships_code():
+    assert set(CLASS_NAMES) == set(STUDENTS)
+    for key, name in CLASS_NAMES.items():
+        for f in files(key, "classification"):
+            assert (TEMPLATES / f).is_file(), f
+        assert f"class {name}ForSequenceClassification(" in (TEMPLATES / f"modeling_{key}.py").read_text()
 
 
 def test_minialbert_pair_regression_equals_predict(hf, pair_exported):

@@ -20,8 +20,12 @@ ARCHITECTURES = {
     "cmow_hybrid": "CMOW/CBOW-Hybrid (matrix embeddings, CMOW paper)",
     "waldorf": "WaLDORf (conv + transformer reader, WaLDORf paper)",
     "minialbert": "MiniALBERT (recursive transformer with adapters)",
-    "elmo": "ELMo-C biLM features (continuous outputs)",
+    "elmo": "ELMo biLM features",  # the variant from ELMO_VARIANTS
 }
+ELMO_VARIANTS = {"continuous": "ELMo-C biLM features (continuous outputs)",
+                 "adaptive": "ELMo-A biLM features (adaptive softmax)",
+                 "subword": "ELMo-Sub biLM features (full softmax over subwords)"}
+"""An ELMo student by the output layer its language model was trained with (``model.output``)."""
 QA_METRICS = ("exact", "f1", "HasAns_f1", "NoAns_exact")
 
 
@@ -83,7 +87,8 @@ def _yaml(obj: Any) -> str:
 def render_card(inp: CardInputs) -> str:
     c, m, rec = inp.config, inp.metrics, inp.record
     run, dataset, task_type = inp.run, m["dataset"], m["task_type"]
-    arch = ARCHITECTURES.get(c["student"], c["student"])
+    arch = (ELMO_VARIANTS[c["model"]["output"]] if c["student"] == "elmo"
+            else ARCHITECTURES.get(c["student"], c["student"]))
     teacher = m["teacher"]
     metric = m["primary_metric"]
     scorer = Scorer(inp.bootstrap)

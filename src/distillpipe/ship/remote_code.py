@@ -8,13 +8,16 @@ The code files are templates in ``ship/hf/``, copied as they are (never imported
 re-implementations of the students' inference forwards with distillpipe's parameter names, so ``model.safetensors``
 loads unchanged. Their outputs equal ``distillpipe predict``'s (tests/ship/test_ship_transformers.py).
 
-What does not fit transformers' interfaces, and why (:func:`limits`): ELMo students ship no transformers code
-(not written yet); a DiffCat pair student encodes its two
-sentences separately (CMOW paper sec. III-C), while the text-classification pipeline (and every tokenizer call made
-for a pair) builds one joint sequence ``[CLS] a [SEP] b [SEP]``: the model loads and its forward takes the two
-encodings (``a_input_ids``, ``a_attention_mask``, ``b_input_ids``, ``b_attention_mask``), but the pipeline is
-refused. transformers 5 removed its own question-answering pipeline; a WaLDORf QA folder ships its own
-(``pipeline_question_answering.py``: the pipeline's windows, best span and dev-tuned no-answer threshold).
+Every architecture ships code. ELMo-C, ELMo-A and ELMo-Sub classification students share one model class: the
+three differ only in the language model's output layer (continuous, adaptive softmax, full softmax; ELMo-C paper
+Table 1), which a fine-tuned student does not keep (students/elmo.py builds it for language modelling only, and a
+fine-tune copies everything but it). What does not fit transformers' interfaces, and why (:func:`limits`): a
+DiffCat pair student encodes its two sentences separately (CMOW paper sec. III-C), while the text-classification
+pipeline (and every tokenizer call made for a pair) builds one joint sequence ``[CLS] a [SEP] b [SEP]``: the model
+loads and its forward takes the two encodings (``a_input_ids``, ``a_attention_mask``, ``b_input_ids``,
+``b_attention_mask``), but the pipeline is refused. transformers 5 removed its own question-answering pipeline;
+a WaLDORf QA folder ships its own (``pipeline_question_answering.py``: the pipeline's windows, best span and
+dev-tuned no-answer threshold).
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from typing import Any
 TEMPLATES = Path(__file__).parent / "hf"
 HEADS_FILE = "student_heads.py"
 QA_PIPELINE_FILE = "pipeline_question_answering.py"
-CLASS_NAMES = {"cmow_hybrid": "CMOWHybrid", "waldorf": "WaLDORf", "minialbert": "MiniALBERT"}
-"""Architecture key -> the prefix of its classes in the modeling file (``<name>Config``, ``<name>For...``): the
-architectures that ship transformers code."""
+CLASS_NAMES = {"cmow_hybrid": "CMOWHybrid", "waldorf": "WaLDORf", "minialbert": "MiniALBERT", "elmo": "Elmo"}
+"""Architecture key (``distillpipe.students.STUDENTS``) -> the prefix of its classes in the modeling file
+(``<name>Config``, ``<name>For...``). Every architecture has one (tests/ship/test_ship_transformers.py)."""
 
 DIFFCAT_REASON = (
     "a DiffCat student encodes the two sentences of a pair separately and classifies [a, |a-b|, b] (CMOW paper "
@@ -36,25 +39,24 @@ DIFFCAT_REASON = (
     "([CLS] a [SEP] b [SEP]), so it cannot feed this model; AutoModelForSequenceClassification loads it, and its "
     "forward takes each sentence tokenized on its own (a_input_ids, a_attention_mask, b_input_ids, "
     "b_attention_mask)")
-ELMO_REASON = (
-    "no transformers code ships for ELMo students yet: its forward (forward and backward LSTMs with output "
-    "projections over the fixed word-vector buffer, ELMo's scalar mix, the head) has no re-implementation in "
-    "distillpipe's ship/hf/; nothing in transformers' interface prevents one. Load it with distillpipe "
-    "(`distillpipe predict`, or distillpipe.ship.predict.Predictor)")
+
+
+def _class_name(student: str) -> str:
+    if student not in CLASS_NAMES:
+        raise ValueError(f"no transformers code for the student {student!r}: add ship/hf/configuration_{student}.py "
+                         f"and modeling_{student}.py and register it in remote_code.CLASS_NAMES")
+    return CLASS_NAMES[student]
 
 
 def files(student: str, kind: str) -> list[str]:
-    """The code files an exported student of this architecture and task kind ships (none for ELMo)."""
-    if student not in CLASS_NAMES:
-        return []
+    """The code files an exported student of this architecture and task kind ships."""
+    _class_name(student)
     names = [f"configuration_{student}.py", f"modeling_{student}.py", HEADS_FILE]
     return names + ([QA_PIPELINE_FILE] if kind == "qa" else [])
 
 
 def limits(config: dict[str, Any]) -> str | None:
     """What of transformers' interface this exported student cannot serve, and why; None when all of it."""
-    if config["student"] not in CLASS_NAMES:
-        return ELMO_REASON
     if config["task"]["encoding"] == "diffcat":
         return DIFFCAT_REASON
     return None
@@ -63,9 +65,7 @@ def limits(config: dict[str, Any]) -> str | None:
 def config_entries(config: dict[str, Any]) -> dict[str, Any]:
     """The keys transformers reads, for an exported student's ``config.json``."""
     key, kind = config["student"], config["task"]["kind"]
-    if key not in CLASS_NAMES:
-        return {}
-    name = CLASS_NAMES[key]
+    name = _class_name(key)
     auto = "AutoModelForQuestionAnswering" if kind == "qa" else "AutoModelForSequenceClassification"
     model_class = f"{name}ForQuestionAnswering" if kind == "qa" else f"{name}ForSequenceClassification"
     out: dict[str, Any] = {
@@ -97,8 +97,6 @@ def write_code(folder: Path, config: dict[str, Any]) -> list[str]:
 def card_lines(config: dict[str, Any], folder: str) -> list[str]:
     """The model card's "With transformers" part: how to load the folder without distillpipe, or why it cannot."""
     out = ["### With transformers (no distillpipe)", ""]
-    if config["student"] not in CLASS_NAMES:
-        return out + [f"Not available: {ELMO_REASON}.", ""]
     n, kind = config["task"]["max_seq_len"], config["task"]["kind"]
     out += ["The folder holds its own model code (" + ", ".join(f"`{f}`" for f in files(config["student"], kind))
             + "; torch and transformers only), so it loads with `trust_remote_code=True` (read the code first):", "",
