@@ -49,7 +49,8 @@ def corpus(docs: dict[str, list[str]]) -> dict[str, list]:
 
 
 def mlm_cfg(max_seq_len: int = 32, **kw) -> TokenizeConfig:
-    args = dict(mask_views=2, mask_prob=0.15, mask_token_fraction=0.8, random_token_fraction=0.1, seed=0) | kw
+    args = dict(mask_views=2, mask_prob=0.15, mask_token_fraction=0.8, random_token_fraction=0.1, seed=0,
+                max_eval_blocks=None) | kw
     return TokenizeConfig(SPEC, max_seq_len, {"wiki": TokenizeMLMConfig(kind="mlm", max_seq_len=None, **args)})
 
 
@@ -156,6 +157,24 @@ def test_mlm_seed_changes_masks_not_blocks(wiki, tmp_path):
         assert np.array_equal(ox, oy)
 
 
+def test_max_eval_blocks_keeps_evenly_spaced_dev_blocks_with_their_masks(tmp_path):
+    """The capped dev split is exactly the uncapped one's rows of blocks 0, mid, last (ids and masks as there);
+    train is never cut."""
+    prepared = write_prepared(tmp_path / "prepared" / "wiki", "corpus", {"train": corpus(DOCS), "dev": corpus(DOCS)})
+    tokenize_dataset("wiki", prepared, mlm_cfg(16), tmp_path / "all")
+    tokenize_dataset("wiki", prepared, mlm_cfg(16, max_eval_blocks=3), tmp_path / "cut")
+    full, cut = (load_from_disk(str(tmp_path / n)) for n in ("all", "cut"))
+    n_blocks = max(full["dev"]["block_id"]) + 1
+    assert n_blocks >= 6
+    kept = {0, round((n_blocks - 1) / 2), n_blocks - 1}  # round(i * (N - 1) / (3 - 1)), i = 0, 1, 2
+    assert cut["dev"].to_list() == [r for r in full["dev"].to_list() if r["block_id"] in kept]
+    assert len(cut["dev"]) == 3 * 2  # two views a block
+    assert cut["train"].to_list() == full["train"].to_list()
+    meta = schema.read_meta(tmp_path / "cut")
+    assert meta["summary"]["rows"]["dev"] == 6 and meta["params"]["max_eval_blocks"] == 3
+    assert meta["fingerprint"] != schema.read_meta(tmp_path / "all")["fingerprint"]
+
+
 # --------------------------------------------------------------------------------------------
 # fingerprint, meta, output folder
 # --------------------------------------------------------------------------------------------
@@ -201,7 +220,8 @@ def test_meta_json_describes_tokens_and_tokenizer(wiki, tmp_path, tok):
                                                     "cls_id": 101, "sep_id": 102, "mask_id": 103}
     assert len(meta["tokenizer"]["sha256"]) == 64 and len(meta["fingerprint"]) == 64
     assert meta["params"] == {"kind": "mlm", "mask_views": 2, "mask_prob": 0.15, "mask_token_fraction": 0.8,
-                              "random_token_fraction": 0.1, "seed": 0, "max_seq_len": 32}
+                              "random_token_fraction": 0.1, "seed": 0, "max_seq_len": 32,
+                              "max_eval_blocks": None}
     assert "seconds" not in meta["summary"] and meta["summary"]["rows"]["train"] > 0
 
 

@@ -35,7 +35,8 @@ from distillpipe.teacher.plan import (
 
 SHARD = 32
 MLM_VIEW = {"kind": "mlm", "mask_views": 2, "mask_prob": 0.15, "mask_token_fraction": 0.8,
-            "random_token_fraction": 0.1, "seed": 0, "max_seq_len": None}
+            "random_token_fraction": 0.1, "seed": 0, "max_seq_len": None,
+            "max_eval_blocks": None}
 BENCH = {"date": "2026-11-25T15:00:00Z", "device": "cpu", "device_name": "CPU, 2 cores", "cores": 2,
          "forward": {"flops_per_s": 2.1e11, "measured_on": "MiniLM-L6, L 128, fp32, batch 64"},
          "gpu": {"name": "H100 bf16 (assumed)", "flops_per_s": 9.9e14, "projection_cores": 16},

@@ -24,8 +24,15 @@ class TokenizeMLMConfig:
     seed: int
     max_seq_len: int | None
     """Tokens per row for this dataset; null = ``tokenize.max_seq_len`` (the global length)."""
+    max_eval_blocks: int | None
+    """Keep this many blocks of the dev and of the test split, evenly spaced over each (a block keeps its id, so
+    its masks are those of the whole split); null = all. An MLM corpus's dev split only follows training (every
+    evaluation scores all of it, and at Wikipedia's scale a 1% split is a million blocks); the train split is
+    never cut. The kept splits are held in memory while tokenizing (4 B a token)."""
 
     def __post_init__(self) -> None:
+        if self.max_eval_blocks is not None and self.max_eval_blocks < 1:
+            raise ConfigError(f"max_eval_blocks={self.max_eval_blocks} must be >= 1 or null")
         if self.seed < 0:
             raise ConfigError(f"seed={self.seed} must be >= 0")
         if self.mask_views < 1:

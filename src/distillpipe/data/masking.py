@@ -139,15 +139,19 @@ def _wrap(chunk: np.ndarray, cls_id: int, sep_id: int) -> np.ndarray:
     return out
 
 
-def masked_rows(blocks: Iterable[np.ndarray], spec: MaskingSpec, split: str, views: int, batch_rows: int
-                ) -> Iterator[dict[str, list]]:
+def masked_rows(blocks: Iterable[np.ndarray], spec: MaskingSpec, split: str, views: int, batch_rows: int,
+                keep: Sequence[int] | np.ndarray | None = None) -> Iterator[dict[str, list]]:
     """Token rows (the Tokens ``mlm`` columns) for ``views`` masked views of each block, in batches.
 
-    Rows are block-major: block 0 view 0, block 0 view 1, ..., block 1 view 0, ...
+    Rows are block-major: block 0 view 0, block 0 view 1, ..., block 1 view 0, ... ``keep`` (sorted block ids):
+    only these blocks, each with its id and masks as in the whole split.
     """
     key = split_key(split)
+    kept = None if keep is None else set(int(i) for i in keep)
     cols: dict[str, list] = _empty_columns()
     for block_id, block in enumerate(blocks):
+        if kept is not None and block_id not in kept:
+            continue
         for view in range(views):
             ids, positions, labels = mask_view(block, spec, key, block_id, view)
             cols["input_ids"].append(ids)

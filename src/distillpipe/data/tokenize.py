@@ -34,6 +34,7 @@ from distillpipe.data import schema
 from distillpipe.data.classification import classification_columns
 from distillpipe.data.masking import MaskingSpec, masked_rows, pack_blocks
 from distillpipe.data.qa_windows import check_lengths, qa_window_columns
+from distillpipe.data.subset import row_subset
 from distillpipe.errors import UserError
 from distillpipe.identity import json_sha256, sha256_dir, sha256_file
 from distillpipe.progress import Progress
@@ -311,7 +312,15 @@ class _SplitWriter:
                 yield from zip(batch["doc_id"], enc["input_ids"])
 
         blocks = pack_blocks(corpus_rows(), self.max_seq_len, self.tok.cls_token_id, self.tok.sep_token_id)
-        for cols in masked_rows(blocks, self.spec, split, self.dcfg.mask_views, self.batch_size):
+        keep = None
+        if split != "train" and self.dcfg.max_eval_blocks is not None:
+            blocks = list(blocks)
+            keep = row_subset(len(blocks), self.dcfg.max_eval_blocks)
+            if keep is not None:
+                _add(counts, f"{split}_blocks_dropped", len(blocks) - len(keep))
+                log.info("tokenize %s/%s: %d evenly spaced blocks of %d kept (max_eval_blocks)", self.name, split,
+                         len(keep), len(blocks))
+        for cols in masked_rows(blocks, self.spec, split, self.dcfg.mask_views, self.batch_size, keep=keep):
             _add(counts, "blocks", sum(v == 0 for v in cols["view"]))
             _add(counts, "masked", sum(len(p) for p in cols["masked_positions"]))
             yield cols

@@ -36,6 +36,7 @@ import torch
 from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.teacher_cache import SignalsConfig, TeacherCacheDatasetConfig
 from distillpipe.data.schema import longest_list, read_meta
+from distillpipe.data.subset import row_subset
 from distillpipe.errors import DiskFull, UserError, disk_full_cause, free_space
 from distillpipe.identity import stage_code
 from distillpipe.progress import Progress
@@ -212,16 +213,6 @@ def compute_job_shard(job: ShardJob, i: int) -> dict[str, Any]:
     if state.subset is not None:  # positions in the subset -> rows of the tokens split
         arrays[ROW_INDEX] = state.subset[arrays[ROW_INDEX]]
     return arrays
-
-
-def row_subset(n: int, max_rows: int | None) -> np.ndarray | None:
-    """The rows of an n-row split that a cache of at most ``max_rows`` rows keeps: evenly spaced from the first to
-    the last (spread over every article of a corpus packed in article order), sorted; None when all n are kept."""
-    if max_rows is None or max_rows >= n:
-        return None
-    if max_rows == 1:
-        return np.zeros(1, dtype=np.int64)
-    return np.round(np.arange(max_rows) * ((n - 1) / (max_rows - 1))).astype(np.int64)
 
 
 def split_rows(name: str, tokens_dir: str | Path, split: str, max_rows: int | None) -> tuple[Any, np.ndarray | None]:

@@ -3,7 +3,7 @@
 For every ``teacher_cache.datasets`` item, from params.yaml and whatever inputs already exist (it only reads):
 
 * **rows**: counted in the tokens folder (``data/tokens/<name>``: its split, ``max_rows`` applied with the very
-  rule the build uses, :func:`~distillpipe.teacher.cache.row_subset`); else estimated from the prepared folder
+  rule the build uses, :func:`~distillpipe.data.subset.row_subset`); else estimated from the prepared folder
   (``data/prepared/<name>``) and the tokenize params at
   :data:`~distillpipe.teacher.rows.CHARS_PER_TOKEN`; else unknown.
 * **the signal spec** the build would make: the same function (:func:`~distillpipe.teacher.cache.spec_for`) with
