@@ -63,6 +63,10 @@ def _layout_only(source: str) -> str:
     return edited
 
 
+# ~95 s: five DVC runs and six `dvc status` of a real pipeline (make test-all). The default suite keeps what it proves
+# at the fingerprint level (test_identity.py, test_dvc_deps.py: a comment or layout changes no fingerprint, a rename
+# and a one-token edit change exactly the importing stages' ones, DVC's status lists exactly them).
+@pytest.mark.slow
 def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(tmp_path, teacher):
     repo = working_tree_repo(tmp_path / "repo")
     params = tiny_params(teacher)

@@ -174,6 +174,8 @@ def _cli(params, corpus, qa, qg, out, chunks):
             "--exclude", str(qa), "--qg", str(qg), "--out", str(out), "--chunks", str(chunks), "--params", str(params)]
 
 
+@pytest.mark.slow  # ~13 s: a child process killed mid-chunk; test_crash_then_resume_gives_the_same_dataset covers
+# resuming in the default suite (a crash between chunks, in process)
 def test_sigkill_mid_augment_then_resume_gives_the_same_rows(corpus, toy_qa, tiny_qg, tmp_path):
     # many one-paragraph chunks, so that the run is killed between two of them
     params = tmp_path / "params.yaml"
