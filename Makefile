@@ -3,34 +3,41 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# the test tools on top (pytest, ruff, the SFTP remote and ONNX Runtime the tests use): `make repro` does without
+DEV_STAMP := $(VENV)/.installed-dev
 # No telemetry, ever; the embedded default needs no hub, so fail fast instead of waiting on one.
 export HF_HUB_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup repro test test-all bench gpu-check deps params-style clean
+.PHONY: setup setup-dev repro test test-all bench gpu-check deps params-style clean
 
 setup: $(STAMP)
+setup-dev: $(DEV_STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	# torch first and pinned: a plain `torch` requirement would pull a multi-GB CUDA build here.
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $(DEV_STAMP)
 
 repro: setup
 	$(VENV)/bin/dvc repro
 
-test: setup
+test: setup-dev
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest
 
-test-all: setup
+test-all: setup-dev
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest -m ""
 
-bench: setup
+bench: setup-dev
 	@for b in benchmarks/[!_]*.py; do case $$b in *gpu_check.py|*dvc_at_size.py) continue;; esac; echo "== $$b"; $(PY) $$b || exit 1; done
 
 # (dvc_at_size.py writes a 20 GB store and needs ~41 GB free: run it by hand.)
