@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from .configuration_elmo import ElmoConfig
-from .student_heads import build_head
+from .student_heads import build_head, pair_masks
 
 
 def reverse_rows(x, lengths):
@@ -123,11 +123,7 @@ class ElmoForSequenceClassification(PreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, a_input_ids=None, a_attention_mask=None,
                 b_input_ids=None, b_attention_mask=None, **kwargs):
         if self.config.task["encoding"] == "diffcat":
-            if a_input_ids is None or b_input_ids is None:
-                raise ValueError("this student is DiffCat: pass each sentence of a pair tokenized on its own as "
-                                 "a_input_ids, a_attention_mask, b_input_ids, b_attention_mask (a joint "
-                                 "[CLS] a [SEP] b [SEP] encoding, as the text-classification pipeline makes, cannot)")
-            a_mask, b_mask = a_attention_mask.bool(), b_attention_mask.bool()
+            a_mask, b_mask = pair_masks(a_input_ids, a_attention_mask, b_input_ids, b_attention_mask)
             logits = self.head(self.biLM(a_input_ids, a_mask), a_mask, pair=(self.biLM(b_input_ids, b_mask), b_mask))
             return SequenceClassifierOutput(logits=logits)
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()

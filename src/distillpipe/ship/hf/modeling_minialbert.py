@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from .configuration_minialbert import MiniALBERTConfig
-from .student_heads import build_head
+from .student_heads import build_head, pair_masks
 
 
 class SelfAttention(nn.Module):
@@ -110,11 +110,7 @@ class MiniALBERTForSequenceClassification(PreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, a_input_ids=None,
                 a_attention_mask=None, b_input_ids=None, b_attention_mask=None, **kwargs):
         if self.config.task["encoding"] == "diffcat":
-            if a_input_ids is None or b_input_ids is None:
-                raise ValueError("this student is DiffCat: pass each sentence of a pair tokenized on its own as "
-                                 "a_input_ids, a_attention_mask, b_input_ids, b_attention_mask (a joint "
-                                 "[CLS] a [SEP] b [SEP] encoding, as the text-classification pipeline makes, cannot)")
-            a_mask, b_mask = a_attention_mask.bool(), b_attention_mask.bool()
+            a_mask, b_mask = pair_masks(a_input_ids, a_attention_mask, b_input_ids, b_attention_mask)
             a, b = self.encode(a_input_ids, a_mask), self.encode(b_input_ids, b_mask)
             return SequenceClassifierOutput(logits=self.head(a[:, 0], a, a_mask, pair=(b[:, 0], b, b_mask)))
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()

@@ -13,6 +13,15 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 
+def pair_masks(a_input_ids, a_attention_mask, b_input_ids, b_attention_mask):
+    """A DiffCat student's (a_mask, b_mask), bool; a ValueError naming the inputs it needs when they are missing."""
+    if a_input_ids is None or b_input_ids is None:
+        raise ValueError("this student is DiffCat: pass each sentence of a pair tokenized on its own as "
+                         "a_input_ids, a_attention_mask, b_input_ids, b_attention_mask (a joint "
+                         "[CLS] a [SEP] b [SEP] encoding, as the text-classification pipeline makes, cannot)")
+    return a_attention_mask.bool(), b_attention_mask.bool()
+
+
 def diffcat(h_a, h_b):
     """CMOW paper sec. III-C: h = h_a || |h_a - h_b| || h_b."""
     return torch.cat([h_a, (h_a - h_b).abs(), h_b], dim=-1)
