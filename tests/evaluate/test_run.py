@@ -145,16 +145,17 @@ def test_speed_stage_times_student_and_teacher_apart_from_the_scores(qa_student,
 def test_a_recorded_qa_teacher_without_tuned_threshold_is_refused(tmp_path):
     """Teacher scores recorded before the field was named tuned_threshold must not let test be tuned on itself."""
     from distillpipe.config.base import ConfigError
-    from distillpipe.evaluate.run import _recorded_teacher
+    from distillpipe.evaluate.run import _recorded_record, _recorded_teacher
 
     dev = {"exact": 50.0, "f1": 50.0, "total": 2.0}
+    meta = {"fingerprint": "fp", "task_type": "qa"}
     (tmp_path / "predictions.json").write_text(json.dumps({"tokens": "fp", "dev": []}))
     (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev, "threshold": 0.0}))
     with pytest.raises(ConfigError, match="tuned_threshold.*re-run teacher_finetune"):
-        _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
+        _recorded_teacher(tmp_path, meta, _recorded_record(tmp_path, meta))
     (tmp_path / "metrics.json").write_text(json.dumps({"task": "toy_qa", "tokens": "fp", **dev,
                                                        "tuned_threshold": 0.0}))
-    recorded = _recorded_teacher(tmp_path, {"fingerprint": "fp", "task_type": "qa"})
+    recorded = _recorded_teacher(tmp_path, meta, _recorded_record(tmp_path, meta))
     assert recorded["dev"].metrics["tuned_threshold"] == 0.0
 
 

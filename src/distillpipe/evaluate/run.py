@@ -118,12 +118,9 @@ def evaluate_run(name: str, cfg: EvaluateConfig, run: EvaluateRunConfig, *, stud
     return result
 
 
-def _recorded_teacher(teacher_dir: Path, meta: dict, rec: dict[str, Any] | None = None) -> dict[str, Scored]:
+def _recorded_teacher(teacher_dir: Path, meta: dict, rec: dict[str, Any]) -> dict[str, Scored]:
     """{split: scores and records} that teacher_finetune recorded on exactly these tokens (``rec``: its metrics.json
-    as :func:`_recorded_record` read it; None: read it here), or {} (e.g. an imported teacher, or one fine-tuned on
-    another dataset)."""
-    if rec is None:
-        rec = _recorded_record(teacher_dir, meta)
+    as :func:`_recorded_record` read it), or {} (e.g. an imported teacher, or one fine-tuned on another dataset)."""
     metrics_path, predictions_path = teacher_dir / METRICS_FILE, teacher_dir / PREDICTIONS_FILE
     if not (rec and predictions_path.is_file()):
         return {}

@@ -2,7 +2,7 @@
 ``--budget`` (:mod:`distillpipe.train.sizing`).
 
 The embedded params.yaml is sized for minutes of a 2-core CPU (a teacher on 640 rows for 40 steps, students of
-40-96 steps): copied onto a user's data as they are, they train a teacher on a sliver of it and call that the
+12-64 steps): copied onto a user's data as they are, they train a teacher on a sliver of it and call that the
 teacher. So a new task's schedules start from these recipes, and the budget then cuts what does not fit.
 
 **Teacher** (BERT fine-tuning: Devlin et al. 2019, sec. 4.1-4.3 and appendix A.3): every train row, for at least
