@@ -159,13 +159,16 @@ def make_mlm_tokens(path: Path, model_dir: Path, n_rows: int = 100, seed: int = 
     return path
 
 
-PRECISION_F16 = {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16", "mlm_topk": "float16"}
-"""teacher_cache signals.precision: every signal stored float16 (params.yaml's default)."""
+PRECISION_F16 = {"hidden": "float16", "attention": "float16", "mlm_topk": "float16"}
+"""teacher_cache signals.precision: every signal stored float16."""
 
 
 def signals(**over) -> dict:
-    s = {"logits": False, "mlm_topk": 0, "hidden_layers": [1, 2], "attn_layers": [2], "pool": 2,
-         "attn_probs": False, "embeddings": False, "precision": PRECISION_F16}
+    """teacher_cache signals: dense float16 hidden states of layers 1 and 2 and pooled scores of layer 2 unless
+    ``over`` says otherwise (``hidden_rank``/``attn_rank`` for the compact forms)."""
+    s = {"logits": False, "mlm_topk": 0, "hidden_layers": [1, 2], "hidden_rank": None, "hidden_fit_rows": 16,
+         "attn_layers": [2], "attn_rank": None, "pool": 2, "attn_probs": False, "embeddings": False,
+         "precision": PRECISION_F16}
     s.update(over)
     return s
 

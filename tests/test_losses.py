@@ -251,6 +251,41 @@ def test_hidden_mse_and_cosine_match_loops_and_ignore_masked():
         assert torch.isfinite(x.grad).all() and torch.all(x.grad[~mask] == 0)
 
 
+def test_subspace_losses_are_the_full_losses_seen_in_the_subspace():
+    """A teacher state t = mu + U c + e (e orthogonal to U, what the cache left out): the subspace MSE is the full MSE
+    less the out-of-subspace part, ||(I - U U^T)(s - mu) - e||^2 / d; the subspace cosine is the cosine of the student
+    and the teacher both put in mu + span(U) (a loop in float64); and no gradient reaches the student's part outside
+    the subspace."""
+    B, L, d, r = 3, 5, 7, 3
+    g = _gen(21)
+    u = torch.linalg.qr(torch.randn(d, r, generator=g, dtype=torch.float64))[0]
+    mu = torch.randn(d, generator=g, dtype=torch.float64)
+    c = torch.randn(B, L, r, generator=g, dtype=torch.float64)
+    e = torch.randn(B, L, d, generator=g, dtype=torch.float64)
+    e = e - (e @ u) @ u.T  # orthogonal to the subspace
+    t = mu + c @ u.T + e
+    s = torch.randn(B, L, d, generator=g, dtype=torch.float64)
+    mask = _lengths_mask([5, 2, 4], L)
+    perp = (s - mu) - ((s - mu) @ u) @ u.T - e
+    full, out = losses.hidden_mse(s, t, mask).item(), perp.square().sum(-1)[mask].mean().item() / d
+    got = losses.subspace_mse(s, c.float(), mu.float(), u.float(), mask).item()
+    assert got == pytest.approx(full - out, rel=1e-5)
+    cos = []
+    for b in range(B):
+        for i in range(L):
+            if mask[b, i]:
+                x = (mu + u @ (u.T @ (s[b, i] - mu))).numpy()
+                y = (mu + u @ c[b, i]).numpy()
+                cos.append(1 - x @ y / np.linalg.norm(x) / np.linalg.norm(y))
+    assert losses.subspace_cosine(s.float(), c.float(), mu.float(), u.float(), mask).item() == pytest.approx(
+        np.mean(cos), rel=1e-5)
+    for fn in (losses.subspace_mse, losses.subspace_cosine):
+        x = s.float().clone().requires_grad_()
+        fn(x, c.float(), mu.float(), u.float(), mask).backward()
+        assert torch.allclose(x.grad - (x.grad @ u.float()) @ u.float().T, torch.zeros_like(x.grad), atol=1e-7)
+        assert torch.all(x.grad[~mask] == 0)
+
+
 def _np_attn_mse(s: np.ndarray, t: np.ndarray, mask: np.ndarray) -> float:
     B, H, L, _ = s.shape
     sq = [

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),            # UserError and what a full disk looks like: every layer may raise them
-    ("identity", "progress", "runtime", "checkpoints", "pooling", "tracking"),  # plain helpers
+    ("identity", "progress", "runtime", "checkpoints", "pooling", "compact", "tracking"),  # plain helpers
     ("config",),            # params.yaml sections as dataclasses
     ("assets",),            # where models, tokenizers and packaged data come from
     ("store",),             # the teacher cache's on-disk format: schema, manifest, writer, reader, loader

@@ -281,6 +281,51 @@ def hidden_cosine(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tens
     return _masked_mean(1.0 - cos, mask)
 
 
+def subspace_mse(student: torch.Tensor, coords: torch.Tensor, mean: torch.Tensor, basis: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """WaLDORf eqs. (2)-(3) against a teacher cached in its principal subspace: ``||U^T (s - mu) - c||^2`` summed over
+    the r coordinates, divided by the teacher's width d, mean over valid positions.
+
+    ``student`` (B, Lp, d) projected by W_h and pooled, ``coords`` (B, Lp, r) the cached ``c = U^T (t - mu)``,
+    ``mean`` (d,), ``basis`` (d, r) orthonormal columns, ``mask`` (B, Lp). With ``t = mu + U c + e`` (``e`` the part of
+    the state outside the subspace, orthogonal to it), ``||s - t||^2 = ||U^T (s - mu) - c||^2 + ||(I - U U^T)(s - mu)
+    - e||^2``: this is :func:`hidden_mse`'s value less the second term, on the same scale (divided by d, not r), so
+    loss weights keep their meaning. The student's part outside the subspace is left free: a reconstructed target
+    (``mu + U c``) in the full MSE would push it to zero, which the teacher never asked for."""
+    _check_mask(student, mask, 2, "subspace_mse")
+    d, r = basis.shape
+    if student.shape[-1] != d or coords.shape != (*student.shape[:-1], r) or mean.shape != (d,):
+        raise ValueError(f"subspace_mse: student {tuple(student.shape)}, coords {tuple(coords.shape)}, mean "
+                         f"{tuple(mean.shape)}, basis {tuple(basis.shape)} do not fit together")
+    m = mask[..., None]
+    diff = (student.float() - mean.float()) @ basis.float() - coords.float()  # (B, Lp, r)
+    sq = diff.masked_fill(~m, 0.0).square().sum(dim=-1) / d  # (B, Lp)
+    return _masked_mean(sq, mask)
+
+
+def subspace_cosine(student: torch.Tensor, coords: torch.Tensor, mean: torch.Tensor, basis: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+    """MiniALBERT eq. (8) against a teacher cached in its principal subspace: mean over valid positions of
+    ``1 - cos(mu + U U^T (s - mu), mu + U c)``, the cosine of the student and the teacher both seen in the affine
+    subspace ``mu + span(U)`` (the student's part outside it left free, as in :func:`subspace_mse`). Computed in
+    the r coordinates: with ``a = U^T (s - mu)``, ``m = U^T mu``, ``(mu + U a) . (mu + U c) = |mu|^2 + m . (a + c) +
+    a . c``. Shapes as :func:`subspace_mse`."""
+    _check_mask(student, mask, 2, "subspace_cosine")
+    d, r = basis.shape
+    if student.shape[-1] != d or coords.shape != (*student.shape[:-1], r) or mean.shape != (d,):
+        raise ValueError(f"subspace_cosine: student {tuple(student.shape)}, coords {tuple(coords.shape)}, mean "
+                         f"{tuple(mean.shape)}, basis {tuple(basis.shape)} do not fit together")
+    mu, u = mean.float(), basis.float()
+    a = (student.float() - mu) @ u  # (B, Lp, r)
+    c = coords.float().masked_fill(~mask[..., None], 0.0)
+    m, mu2 = mu @ u, mu.square().sum()
+    dot = mu2 + (a + c) @ m + (a * c).sum(dim=-1)  # (B, Lp)
+    na = (mu2 + 2 * (a @ m) + a.square().sum(dim=-1)).clamp(min=0.0).sqrt()
+    nc = (mu2 + 2 * (c @ m) + c.square().sum(dim=-1)).clamp(min=0.0).sqrt()
+    cos = dot / (na * nc).clamp(min=1e-8)  # F.cosine_similarity's eps
+    return _masked_mean((1.0 - cos).masked_fill(~mask, 0.0), mask)
+
+
 def pool_student_hidden(h: torch.Tensor, mask: torch.Tensor, p: int) -> torch.Tensor:
     """The teacher's hidden-state pooling applied to a student layer, WaLDORf eq. (3).
 

@@ -5,6 +5,7 @@ concurrent writers):
 
     python store_helpers.py write  <store> <N> <shard_rows> [<kill_shard> <kill_after_array>]
     python store_helpers.py write-int8 ...   (the same with every quantizable signal compressed: INT8)
+    python store_helpers.py write-compact ... (the same in the compact forms, int8, with constants)
     python store_helpers.py worker <store> <shard> [<shard> ...]
     python store_helpers.py hold   <store> <N> <shard_rows>   (open as the writer, say so, wait for stdin EOF)
     python store_helpers.py repeat <store> <shard> <times>     (write one shard again and again)
@@ -21,7 +22,17 @@ from pathlib import Path
 import numpy as np
 
 from distillpipe.store.manifest import Manifest, TeacherInfo
-from distillpipe.store.schema import ATTN_MASKED, MLM_UNUSED_POSITION, SignalPrecision, SignalSpec, array_layout
+from distillpipe.store.schema import (
+    ATTN_MASKED,
+    EMBEDDING_CONSTANTS,
+    MLM_UNUSED_POSITION,
+    SignalPrecision,
+    SignalSpec,
+    array_layout,
+    constant_names,
+    dense_scores,
+    subspace_arrays,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -30,14 +41,38 @@ def tiny_spec(**overrides) -> SignalSpec:
     fields = dict(
         max_seq_len=16, pool=4, task="classification", n_classes=3, vocab_size=100, mlm_topk=5,
         mlm_max_masked=3, hidden_layers=(1, 3), hidden_size=8, attn_layers=(2,), n_heads=2,
-        attn_probs_layers=(2,), embedding_size=4,
+        attn_probs_layers=(2,), embedding_size=0,
     )  # fmt: skip
     fields.update(overrides)
     return SignalSpec(**fields)
 
 
-INT8 = SignalPrecision(hidden="int8", embeddings="int8", attn_scores="int8", mlm_topk="uint8")
+INT8 = SignalPrecision(hidden="int8", attention="int8", mlm_topk="uint8")
 """Every quantizable signal compressed."""
+COMPACT = {"hidden_rank": 3, "hidden_fit_rows": 16, "attn_rank": 2}
+"""tiny_spec overrides for the compact forms: hidden states in a 3-dimensional subspace, attention maps of rank 2."""
+
+
+def tiny_constants(spec: SignalSpec, seed: int = 0) -> tuple[dict[str, np.ndarray], dict]:
+    """Deterministic constants of the right shapes for a store of ``spec`` (subspaces with orthonormal bases, embedding
+    tables) and their info, as :func:`distillpipe.store.constants.write_constants` takes them."""
+    rng = np.random.default_rng([seed, 77])
+    arrays: dict[str, np.ndarray] = {}
+    for j in spec.hidden_layers if spec.hidden_rank else ():
+        mean, basis = subspace_arrays(j)
+        arrays[mean] = rng.standard_normal(spec.hidden_size).astype(np.float32)
+        q, _ = np.linalg.qr(rng.standard_normal((spec.hidden_size, spec.hidden_rank)))
+        arrays[basis] = q.astype(np.float32)
+    if spec.embedding_size:
+        e = spec.embedding_size
+        shapes = {"word": (spec.vocab_size, e), "position": (spec.max_seq_len, e), "token_type": (2, e)}
+        for name in EMBEDDING_CONSTANTS:
+            key = name.rsplit("/", 1)[1]
+            arrays[name] = (np.ones(e) if key == "norm_weight" else np.zeros(e) if key == "norm_bias"
+                            else rng.standard_normal(shapes[key])).astype(np.float32)
+    assert sorted(arrays) == sorted(constant_names(spec))
+    info = {"embeddings": {"eps": 1e-12, "positions": "absolute", "pad_id": 0}} if spec.embedding_size else {}
+    return arrays, info
 
 
 def tiny_manifest(n_rows: int = 500, shard_rows: int = 128, **overrides) -> Manifest:
@@ -82,7 +117,7 @@ def shard_arrays(manifest: Manifest, i: int, seed: int = 0) -> dict[str, np.ndar
             out[a.name] = pos
         elif a.name == "mlm/topk_ids":
             out[a.name] = rng.integers(0, spec.vocab_size, size=shape).astype(a.dtype)
-        elif a.name.startswith("attn_scores/"):
+        elif dense_scores(a.name):
             x = rng.standard_normal(shape).astype(np.float16)
             lp = -(-length // spec.pool)  # pooled real length per row
             pos = np.arange(spec.pooled_len)
@@ -91,8 +126,11 @@ def shard_arrays(manifest: Manifest, i: int, seed: int = 0) -> dict[str, np.ndar
         else:
             x = (rng.standard_normal(shape) * 3).astype(a.dtype)
             # padding holds 0, as the capture writes it: whole chunks of it are left out of the files
-            real = length if a.name in ("embeddings",) or a.name.startswith("attn_probs/") else -(-length // spec.pool)
-            if a.name.startswith(("hidden/", "attn_probs/")) or a.name == "embeddings":
+            real = length if a.name.startswith("attn_probs/") else -(-length // spec.pool)
+            if a.name.endswith(("/left", "/right")):  # factors (n, H, r, positions): 0 at padded positions
+                pad = np.arange(a.row_shape[-1])[None, :] >= real[:, None]
+                x = np.where(pad[:, None, None, :], 0, x).astype(a.dtype)
+            elif a.name.startswith(("hidden/", "attn_probs/")):
                 pad = np.arange(a.row_shape[-2 if a.name.startswith("attn_probs/") else 0])[None, :] >= real[:, None]
                 if a.name.startswith("attn_probs/"):
                     x = np.where(pad[:, None, :, None] | pad[:, None, None, :], 0, x).astype(a.dtype)
@@ -104,13 +142,23 @@ def shard_arrays(manifest: Manifest, i: int, seed: int = 0) -> dict[str, np.ndar
 
 def build_store(path: Path, manifest: Manifest, seed: int = 0) -> Path:
     """Write (or finish) the store of ``manifest`` at ``path`` in-process: every pending shard, then finalize."""
-    from distillpipe.store.resume import create_or_resume
-
-    writer = create_or_resume(path, manifest)
+    writer = open_for_writing(path, manifest, seed)
     for i in writer.pending_shards():
         writer.write_shard(i, shard_arrays(manifest, i, seed))
     writer.finalize()
     return path
+
+
+def open_for_writing(path: Path, manifest: Manifest, seed: int = 0):
+    """:func:`~distillpipe.store.resume.create_or_resume`, then, as the build's driver does, the store's constants
+    before any shard (when it has none yet)."""
+    from distillpipe.store.constants import read_marker, write_constants
+    from distillpipe.store.resume import create_or_resume
+
+    writer = create_or_resume(path, manifest)
+    if read_marker(path) is None:
+        write_constants(path, *tiny_constants(manifest.signals, seed))
+    return writer
 
 
 def full_arrays(manifest: Manifest, seed: int = 0) -> dict[str, np.ndarray]:
@@ -125,15 +173,15 @@ def tree_files(root: Path) -> dict[str, bytes]:
 
 
 def _main(argv: list[str]) -> None:
-    from distillpipe.store.resume import create_or_resume
     from distillpipe.store.writer import write_shard
 
     mode, store = argv[0], Path(argv[1])
-    if mode in ("write", "write-int8"):
-        precision = {"precision": INT8} if mode == "write-int8" else {}
+    if mode in ("write", "write-int8", "write-compact"):
+        precision = {"write": {}, "write-int8": {"precision": INT8},
+                     "write-compact": {"precision": INT8, "embedding_size": 4, **COMPACT}}[mode]
         manifest = tiny_manifest(int(argv[2]), int(argv[3]), signals=tiny_spec(**precision))
         kill_shard, kill_after = (int(argv[4]), argv[5]) if len(argv) > 4 else (-1, "")
-        writer = create_or_resume(store, manifest)
+        writer = open_for_writing(store, manifest)
         pending = writer.pending_shards()
         print(json.dumps({"pending": pending}), flush=True)
         for i in pending:
@@ -159,7 +207,7 @@ def _main(argv: list[str]) -> None:
         for _ in range(times):
             write_shard(store, i, data)
     elif mode == "hold":
-        writer = create_or_resume(store, tiny_manifest(int(argv[2]), int(argv[3])))
+        writer = open_for_writing(store, tiny_manifest(int(argv[2]), int(argv[3])))
         writer.write_shard(0, shard_arrays(writer.manifest, 0))
         print("holding", flush=True)
         sys.stdin.read()  # until the test closes our stdin (or kills us)

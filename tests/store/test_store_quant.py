@@ -1,4 +1,4 @@
-"""Compressed precisions (int8 hidden states, embeddings and attention scores; uint8 MLM top-k steps): the stored
+"""Compressed precisions (int8 hidden states and attention scores; uint8 MLM top-k steps): the stored
 forms against a float64 numpy reference of the formulas, decoding with plain Zarr, resume after SIGKILL, identity."""
 
 import json
@@ -203,7 +203,7 @@ def test_store_reads_back_the_formula_of_what_was_written(int8_store):
     ref = full_arrays(store.manifest)
     got = store.read(store.arrays, 0, N)
     encodings = store.manifest.signals.encodings()
-    assert set(encodings) == {"hidden/L1", "hidden/L3", "embeddings", "attn_scores/L2", "mlm/topk_logits"}
+    assert set(encodings) == {"hidden/L1", "hidden/L3", "attn_scores/L2", "mlm/topk_logits"}
     for name in store.arrays:
         spec = store.layout[name]
         assert got[name].dtype == spec.dtype and got[name].shape == spec.shape, name
@@ -226,7 +226,7 @@ def test_the_manifest_formula_decodes_with_plain_zarr(int8_store):
     group = zarr.open_group(str(int8_store), mode="r")
     manifest = group.attrs["manifest"]
     ref = full_arrays(tiny_manifest(N, SHARD_ROWS, signals=tiny_spec(precision=INT8)))
-    assert set(manifest["encoding"]) == {"hidden/L1", "hidden/L3", "embeddings", "attn_scores/L2", "mlm/topk_logits"}
+    assert set(manifest["encoding"]) == {"hidden/L1", "hidden/L3", "attn_scores/L2", "mlm/topk_logits"}
     for name, e in manifest["encoding"].items():
         assert e["formula"] == FORMULAS[e["kind"]]
         values, scale = group[e["values"]][:], group[e["scale"]][:]
@@ -261,7 +261,7 @@ def test_inspect_shows_precision_bytes_and_formula(int8_store, reference_store):
 
 
 def test_loader_gives_training_float16_arrays(int8_store):
-    names = ["hidden/L3", "attn_scores/L2", "mlm/topk_logits", "embeddings"]
+    names = ["hidden/L3", "attn_scores/L2", "mlm/topk_logits"]
     loader = BlockLoader(int8_store, names, block_rows=64, buffer_blocks=2, seed=0, expected=None, batch_size=32)
     store = open_store(int8_store)
     full = store.read(names, 0, N)
@@ -288,11 +288,11 @@ def test_precision_is_part_of_the_identity(int8_store, tmp_path, caplog):
     path = tmp_path / "c.zarr"
     shutil.copytree(int8_store, path)
     other = tiny_manifest(N, SHARD_ROWS, signals=tiny_spec(precision=SignalPrecision(
-        hidden="int8", embeddings="int8", attn_scores="float16", mlm_topk="uint8")))
+        hidden="int8", attention="float16", mlm_topk="uint8")))
     assert json.dumps(other.identity()) != json.dumps(int8_manifest().identity())
     with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
         writer = create_or_resume(path, other)
-    assert "signals.precision.attn_scores: cache has int8, expected float16" in caplog.text
+    assert "signals.precision.attention: cache has int8, expected float16" in caplog.text
     assert writer.pending_shards() == [0, 1, 2, 3]
     writer.close()
     bad = shard_arrays(other, 0)
@@ -307,10 +307,12 @@ def test_a_precision_for_a_signal_not_kept_leaves_the_spec_float16():
     from distillpipe.teacher.cache import TeacherSizes, spec_for
 
     sizes = TeacherSizes(head="mlm", num_labels=2, vocab_size=100, hidden_size=8, n_heads=2)
-    raw = {"logits": False, "mlm_topk": 0, "hidden_layers": [1], "attn_layers": [1], "pool": 1, "attn_probs": True,
-           "embeddings": False, "precision": {"hidden": "int8", "embeddings": "int8", "attn_scores": "int8",
-                                              "mlm_topk": "uint8"}}
+    raw = {"logits": False, "mlm_topk": 0, "hidden_layers": [1], "hidden_rank": None, "hidden_fit_rows": 16,
+           "attn_layers": [1], "attn_rank": None, "pool": 1, "attn_probs": True, "embeddings": False,
+           "precision": {"hidden": "int8", "attention": "int8", "mlm_topk": "uint8"}}
     spec = spec_for(build(SignalsConfig, raw, "signals"), sizes, 16, 0)
-    assert spec.precision == SignalPrecision(hidden="int8")  # no embeddings, scores (probabilities) or MLM kept
+    assert spec.precision == SignalPrecision(hidden="int8")  # no scores (dense probabilities) or MLM kept
+    factored = spec_for(build(SignalsConfig, {**raw, "attn_rank": 2}, "signals"), sizes, 16, 0)
+    assert factored.precision == SignalPrecision(hidden="int8", attention="int8")  # factors of probabilities: int8
     with pytest.raises(Exception, match="precision"):
         build(SignalsConfig, {**raw, "precision": {"hidden": "int8"}}, "signals")  # strict: every signal named

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from store_helpers import tiny_spec
+from store_helpers import COMPACT, INT8, tiny_spec
 
 from distillpipe.store.schema import (
     ATTN_MASKED,
@@ -11,12 +11,15 @@ from distillpipe.store.schema import (
     TARGET_CHUNK_BYTES,
     SignalSpec,
     array_layout,
+    constant_names,
     position_block,
+    signal_parts,
+    stored_layout,
 )
 
 
 def test_layout_shapes_and_dtypes_of_every_signal():
-    spec = tiny_spec(max_seq_len=18, pool=4)  # Lp = ceil(18 / 4) = 5
+    spec = tiny_spec(max_seq_len=18, pool=4, embedding_size=4)  # Lp = ceil(18 / 4) = 5
     layout = {a.name: a for a in array_layout(spec, n_rows=70, shard_rows=32)}
     expected = {
         "row_index": ((70,), np.int64),
@@ -30,9 +33,8 @@ def test_layout_shapes_and_dtypes_of_every_signal():
         "hidden/L3": ((70, 5, 8), np.float16),
         "attn_scores/L2": ((70, 2, 5, 5), np.float16),
         "attn_probs/L2": ((70, 2, 18, 18), np.float16),
-        "embeddings": ((70, 18, 4), np.float16),
     }
-    assert list(layout) == list(expected)
+    assert list(layout) == list(expected)  # the embedding output is derived: no array of rows (constants)
     for name, (shape, dtype) in expected.items():
         a = layout[name]
         assert a.shape == shape and a.dtype == np.dtype(dtype), name
@@ -42,8 +44,10 @@ def test_layout_shapes_and_dtypes_of_every_signal():
         else:  # one row, and a block of positions: padding chunks are left out
             assert a.chunks[0] == 1 and a.chunks[2:] == shape[2:] and shape[1] % a.chunks[1] == 0, name
     assert {n: a.codec for n, a in layout.items() if a.codec != "lz4+shuffle"} == {
-        "hidden/L1": "raw", "hidden/L3": "raw", "attn_scores/L2": "lz4", "attn_probs/L2": "lz4", "embeddings": "raw"}
-    assert layout["attn_scores/L2"].chunks == (32, 2, 5, 5) and layout["embeddings"].chunks == (1, 18, 4)
+        "hidden/L1": "raw", "hidden/L3": "raw", "attn_scores/L2": "lz4", "attn_probs/L2": "lz4"}
+    assert layout["attn_scores/L2"].chunks == (32, 2, 5, 5)
+    assert constant_names(spec) == [f"constants/embeddings/{t}" for t in
+                                    ("word", "position", "token_type", "norm_weight", "norm_bias")]
     assert np.isneginf(layout["attn_scores/L2"].fill_value) and np.isneginf(ATTN_MASKED)
     assert layout["mlm/positions"].fill_value == -1
 
@@ -68,7 +72,7 @@ def test_chunks_follow_row_bytes():
                      attn_probs_layers=(12,), embedding_size=1024, mlm_topk=64, mlm_max_masked=300)  # fmt: skip
     layout = {a.name: a for a in array_layout(spec, 5000, 1024)}
     assert layout["attn_probs/L12"].chunks == (8, 16, 384, 384) and layout["attn_scores/L12"].chunks == (8, 16, 96, 96)
-    assert layout["hidden/L12"].chunks == (1, 3, 1024) and layout["embeddings"].chunks == (1, 4, 1024)
+    assert layout["hidden/L12"].chunks == (1, 3, 1024)
     assert position_block(32, 768) == 1 and position_block(128, 1536) == 4 and position_block(128, 64) == 8
     assert position_block(4, 16) == 4  # tiny rows: one chunk, not 20 bytes of framing for 16 of values
     assert layout["logits"].chunk_rows == MAX_CHUNK_ROWS
@@ -86,6 +90,29 @@ def test_chunks_follow_row_bytes():
     assert all(100 % a.chunk_rows == 0 for a in array_layout(spec, 5000, 100))
 
 
+def test_compact_layout_shapes_codecs_and_parts():
+    # hidden states as 3 subspace coordinates a position, pooled scores and probabilities as rank-2 factors per head
+    spec = tiny_spec(max_seq_len=18, pool=4, **COMPACT)
+    layout = {a.name: a for a in array_layout(spec, n_rows=70, shard_rows=32)}
+    compact = {n: (a.shape, a.codec, a.fill_value) for n, a in layout.items() if n.startswith(("hidden", "attn"))}
+    assert compact == {
+        "hidden/L1": ((70, 5, 3), "raw", 0.0), "hidden/L3": ((70, 5, 3), "raw", 0.0),
+        "attn_scores/L2/left": ((70, 2, 2, 5), "lz4", 0.0), "attn_scores/L2/right": ((70, 2, 2, 5), "lz4", 0.0),
+        "attn_probs/L2/left": ((70, 2, 2, 18), "lz4", 0.0), "attn_probs/L2/right": ((70, 2, 2, 18), "lz4", 0.0)}
+    assert signal_parts(spec, "attn_scores/L2") == ("attn_scores/L2/left", "attn_scores/L2/right")
+    assert signal_parts(spec, "attn_probs/L2") == ("attn_probs/L2/left", "attn_probs/L2/right")
+    assert signal_parts(spec, "hidden/L1") == ("hidden/L1",) and signal_parts(spec, "embeddings") == ()
+    assert signal_parts(tiny_spec(), "attn_scores/L2") == ("attn_scores/L2",)
+    assert constant_names(spec)[:4] == ["constants/hidden/L1/mean", "constants/hidden/L1/basis",
+                                        "constants/hidden/L3/mean", "constants/hidden/L3/basis"]
+    # int8: every factor and the coordinates stored as int8 codes with a float16 scale per vector of the last axis
+    stored = {a.name: (a.shape, a.dtype) for a in stored_layout(tiny_spec(max_seq_len=18, precision=INT8, **COMPACT),
+                                                                 70, 32)}
+    assert stored["attn_probs/L2/left.q"] == ((70, 2, 2, 18), np.int8)
+    assert stored["attn_probs/L2/left.scale"] == ((70, 2, 2), np.float16)
+    assert stored["hidden/L1.q"] == ((70, 5, 3), np.int8) and stored["hidden/L1.scale"] == ((70, 5), np.float16)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -94,6 +121,10 @@ def test_chunks_follow_row_bytes():
         ({"task": "regression"}, "task"),
         ({"mlm_topk": 5, "mlm_max_masked": 0}, "mlm_max_masked"),
         ({"pool": 0}, "pool"),
+        ({"hidden_rank": 9}, "exceeds hidden_size"),
+        ({"hidden_rank": 3}, "hidden_fit_rows"),
+        ({"hidden_rank": 3, "hidden_fit_rows": 4, "hidden_layers": ()}, "keeps no hidden_layers"),
+        ({"attn_rank": 2, "attn_layers": (), "attn_probs_layers": ()}, "keeps no attention layers"),
     ],
 )
 def test_spec_validation(overrides, message):

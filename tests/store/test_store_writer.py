@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_helpers import HERE, build_store, full_arrays, shard_arrays, tiny_manifest, tree_files
+from store_helpers import HERE, build_store, full_arrays, open_for_writing, shard_arrays, tiny_manifest, tree_files
 
 from distillpipe.store.manifest import StoreIncomplete
 from distillpipe.store.reader import open_store
@@ -112,7 +112,7 @@ def test_damaged_shards_are_detected_and_recomputed(reference_store, store_copy,
 
 def test_concurrent_writer_processes(reference_store, tmp_path):
     path = tmp_path / "s.zarr"
-    writer = create_or_resume(path, tiny_manifest())  # the driver creates the store
+    writer = open_for_writing(path, tiny_manifest())  # the driver creates the store
     procs = [
         subprocess.Popen([sys.executable, HELPER, "worker", str(path), *shards], stderr=subprocess.PIPE, text=True)
         for shards in (["0", "2"], ["3", "1"])
@@ -129,7 +129,7 @@ def test_two_attempts_at_one_shard_at_once_cannot_corrupt_it(reference_store, tm
     """A lost dask worker that comes back writes the shard a second time while its replacement does: the
     files are published atomically and both attempts write the same bytes, so files and marker agree."""
     path = tmp_path / "s.zarr"
-    writer = create_or_resume(path, tiny_manifest())
+    writer = open_for_writing(path, tiny_manifest())
     procs = [subprocess.Popen([sys.executable, HELPER, "repeat", str(path), "2", "15"], stderr=subprocess.PIPE,
                               text=True) for _ in range(3)]
     for p in procs:
@@ -176,14 +176,14 @@ def test_interrupted_creation_is_rebuilt(store_copy, caplog):
 
 
 def test_a_store_of_the_previous_format_is_rebuilt_naming_why(store_copy, caplog):
-    """Format 5 changed the codecs and the markers: a store of format 4 is refused by readers and rebuilt by the
-    stage, each saying why (never read with the wrong codecs)."""
+    """Format 6 changed what the arrays hold (compact forms, constants): a store of format 4 is refused by readers
+    and rebuilt by the stage, each saying why (never read with the wrong codecs)."""
     import json
 
     meta = json.loads((store_copy / "zarr.json").read_text())
     meta["attributes"]["manifest"]["format_version"] = 4
     (store_copy / "zarr.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="format version 4; this distillpipe reads version 5 .*raw.* is rebuilt"):
+    with pytest.raises(ValueError, match="format version 4; this distillpipe reads version 6 .*compact.* is rebuilt"):
         open_store(store_copy)
     with caplog.at_level(logging.WARNING, logger="distillpipe.store"):
         writer = create_or_resume(store_copy, tiny_manifest())
@@ -263,7 +263,7 @@ def test_write_shard_refuses_nan_and_inf_but_keeps_masked_scores(tmp_path):
     arrays = shard_arrays(manifest, 1)
     scores = arrays["attn_scores/L2"]
     assert np.isneginf(scores).any()  # the fixture has masked blocks: they must pass
-    for name, value in [("hidden/L1", np.nan), ("embeddings", -np.inf), ("attn_scores/L2", np.inf),
+    for name, value in [("hidden/L1", np.nan), ("attn_probs/L2", -np.inf), ("attn_scores/L2", np.inf),
                         ("attn_scores/L2", np.nan), ("attn_scores/L2", -np.nan), ("hidden/L3", -np.nan),
                         ("mlm/logsumexp", np.inf), ("logits", 70000.0)]:
         bad = arrays[name].astype(np.float32 if value == 70000.0 else arrays[name].dtype)

@@ -106,7 +106,7 @@ def manual_scores(model, hidden_states, j: int) -> torch.Tensor:
 
 def spec_for(model, *, task: str = "none", mlm_topk: int = 0, hidden_layers=(), attn_layers=(),
              attn_probs_layers=(), pool: int = 1, embeddings: bool = False, max_seq_len: int | None = None,
-             mlm_max_masked: int | None = None):
+             mlm_max_masked: int | None = None, hidden_rank: int = 0, attn_rank: int = 0):
     """A SignalSpec selecting these signals, with ``model``'s real sizes (hidden size, heads, vocabulary, classes),
     as :func:`distillpipe.teacher.cache.signal_spec` would build it for this teacher. ``max_seq_len`` defaults to
     the model's position limit and ``mlm_max_masked`` to ``max_seq_len``: the capture pads to neither unless
@@ -119,4 +119,18 @@ def spec_for(model, *, task: str = "none", mlm_topk: int = 0, hidden_layers=(), 
                       vocab_size=mc.vocab_size, mlm_topk=mlm_topk,
                       mlm_max_masked=(mlm_max_masked or L) if mlm_topk else 0, hidden_layers=tuple(hidden_layers),
                       hidden_size=mc.hidden_size, attn_layers=tuple(attn_layers), n_heads=mc.num_attention_heads,
-                      attn_probs_layers=tuple(attn_probs_layers), embedding_size=mc.hidden_size if embeddings else 0)
+                      attn_probs_layers=tuple(attn_probs_layers), embedding_size=mc.hidden_size if embeddings else 0,
+                      hidden_rank=hidden_rank, hidden_fit_rows=16 if hidden_rank else 0, attn_rank=attn_rank)
+
+
+def constants_for(model, spec, rows=None):
+    """The store constants a capture of ``spec`` needs, as the build makes them: the teacher's embedding tables, and
+    subspaces fitted on ``rows`` (token row dicts) by the build's own fit."""
+    from datasets import Dataset
+
+    from distillpipe.store.constants import as_constants
+    from distillpipe.teacher.fit import fit_constants
+
+    data = Dataset.from_list(rows) if rows is not None else None
+    arrays, info = fit_constants(model, data, spec, batch_size=4, pad_id=0)
+    return as_constants(arrays, info, spec)

@@ -104,23 +104,34 @@ def total_loss(sig, student, batch, spec):
 
 
 def through_store(tmp_path, model, spec, batch):
-    """Capture, write one shard of a real store, read it back: exactly what training reads."""
+    """Capture, write one shard of a real store (and its constants), read it back: exactly what training reads,
+    the embedding output derived from the store's tables as training derives it."""
     import numpy as np
 
+    from distillpipe.store import constants as store_constants
     from distillpipe.store.manifest import Manifest, TeacherInfo
     from distillpipe.store.reader import open_store
     from distillpipe.store.resume import create_or_resume
+    from distillpipe.teacher.fit import fit_constants
 
     B, L = batch["input_ids"].shape
+    path = tmp_path / "s.zarr"
     manifest = Manifest(teacher=TeacherInfo(name="tiny", weights_sha256="0" * 64, tokenizer_sha256="0" * 64, config={}),
                         tokens_fingerprint="toy", split="train", signals=spec, compute={"precision": "fp32"},
                         code={}, n_rows=B, shard_rows=B)
-    writer = create_or_resume(tmp_path / "s.zarr", manifest)
-    arrays = to_host(capture_batch(model, batch, spec, seq_len=L, max_masked=spec.mlm_max_masked or None))
+    writer = create_or_resume(path, manifest)
+    store_constants.write_constants(path, *fit_constants(model, None, spec, B, 0))
+    constants = store_constants.load(path, spec)
+    arrays = to_host(capture_batch(model, batch, spec, seq_len=L, max_masked=spec.mlm_max_masked or None,
+                                   constants=constants))
     writer.write_shard(0, {"row_index": np.arange(B), **arrays})
     writer.finalize()
-    store = open_store(tmp_path / "s.zarr", expected=manifest)
-    return {k: torch.from_numpy(np.asarray(v)) for k, v in store.read(store.arrays, 0, B).items() if k != "row_index"}
+    store = open_store(path, expected=manifest)
+    out = {k: torch.from_numpy(np.asarray(v)) for k, v in store.read(store.arrays, 0, B).items() if k != "row_index"}
+    if spec.embedding_size:
+        derived = store_constants.load(path, spec).embeddings
+        out["embeddings"] = derived(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"].bool())
+    return out
 
 
 @pytest.mark.parametrize("kind", ["mlm", "classification", "qa"])

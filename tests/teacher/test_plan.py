@@ -77,6 +77,7 @@ def repo(tmp_path_factory):
     make_mlm_tokens(root / "data" / "tokens" / "toy_mlm", mlm_teacher, n_rows=100)
     make_mlm_tokens(root / "data" / "tokens" / "toy_probs", mlm_teacher, n_rows=40, seed=2)
     make_mlm_tokens(root / "data" / "tokens" / "toy_int8", mlm_teacher, n_rows=40, seed=3)
+    make_mlm_tokens(root / "data" / "tokens" / "toy_compact", mlm_teacher, n_rows=40, seed=4)
     make_classification_tokens(root / "data" / "tokens" / "toy_cls", clf, n_train=40, n_dev=8)
     datasets = {
         "toy_mlm": _item("mlm", "mlm", 70, mlm_topk=8, hidden_layers=[0, 2], attn_layers=[1, 2], pool=2),
@@ -84,11 +85,13 @@ def repo(tmp_path_factory):
                            embeddings=True),
         "toy_cls": _item("clf", "classification", None, logits=True, hidden_layers=[], attn_layers=[], pool=1),
         "toy_int8": _item("mlm", "mlm", None, mlm_topk=8, hidden_layers=[0, 2], attn_layers=[1, 2], pool=2,
-                          embeddings=True, precision={"hidden": "int8", "embeddings": "int8", "attn_scores": "int8",
-                                                      "mlm_topk": "uint8"}),
+                          embeddings=True, precision={"hidden": "int8", "attention": "int8", "mlm_topk": "uint8"}),
+        "toy_compact": _item("mlm", "mlm", None, mlm_topk=8, hidden_layers=[0, 2], hidden_rank=6, attn_layers=[1, 2],
+                             attn_rank=2, pool=2, embeddings=True,
+                             precision={"hidden": "int8", "attention": "int8", "mlm_topk": "uint8"}),
     }
     params = _params(root / "params.yaml", datasets,
-                     {"toy_mlm": MLM_VIEW, "toy_probs": MLM_VIEW, "toy_int8": MLM_VIEW,
+                     {"toy_mlm": MLM_VIEW, "toy_probs": MLM_VIEW, "toy_int8": MLM_VIEW, "toy_compact": MLM_VIEW,
                       "toy_cls": {"kind": "classification", "max_seq_len": None}})
     cfg = load_section(params, "teacher_cache", TeacherCacheConfig)
     for name, dcfg in cfg.datasets.items():
@@ -112,7 +115,7 @@ def _data_files(store: Path) -> list[Path]:
     return [p for p in store.rglob("*") if p.is_file() and "c" in p.relative_to(store).parts]
 
 
-@pytest.mark.parametrize("name", ["toy_mlm", "toy_probs", "toy_cls", "toy_int8"])
+@pytest.mark.parametrize("name", ["toy_mlm", "toy_probs", "toy_cls", "toy_int8", "toy_compact"])
 def test_plan_equals_the_built_store(repo, name):
     item = next(i for i in repo["plan"].items if i.name == name)
     store = repo["root"] / "data" / "teacher" / f"{name}.zarr"
@@ -123,7 +126,7 @@ def test_plan_equals_the_built_store(repo, name):
     files = [p for p in store.rglob("*") if p.is_file()]
     assert item.files["total"] == len(files)
     assert item.files["data"] == len(_data_files(store))
-    assert item.files["markers"] == len(list((store / "shards_done").glob("*.json")))
+    assert item.files["markers"] == len(list((store / "shards_done").glob("*.json"))) + 1  # + constants.json
 
 
 def test_on_disk_estimate_within_the_documented_tolerance(repo):
@@ -136,6 +139,7 @@ def test_on_disk_estimate_within_the_documented_tolerance(repo):
     lo, hi = COMPRESSED_TOLERANCE
     assert lo <= ratios["toy_mlm"] <= hi and lo <= ratios["toy_probs"] <= hi, ratios
     assert lo <= ratios["toy_int8"] <= hi, ratios  # int8 values and float16 scales: the stored layout's bytes
+    assert lo <= ratios["toy_compact"] <= hi, ratios  # coordinates, factors and the constants
     # and far better than the uncompressed size for padded rows (mean length ~19 of 32)
     item = next(i for i in repo["plan"].items if i.name == "toy_probs")
     assert item.est_bytes < 0.75 * item.nbytes

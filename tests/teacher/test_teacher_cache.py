@@ -170,22 +170,30 @@ def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
 
     from distillpipe.runtime import torch_threads
     from distillpipe.scale.machine import load_machine
+    from distillpipe.store import constants as store_constants
     from distillpipe.store.reader import open_store as _open
     from distillpipe.store.resume import create_or_resume
+    from distillpipe.store.schema import constant_names
     from distillpipe.teacher.cache import run_shards
     from distillpipe.teacher.load import load_teacher
     from distillpipe.teacher.shard import compute_shard
 
-    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(embeddings=True), "cpu", 8, SHARD, tmp_path / "ref.zarr",
+    compact = _cfg(embeddings=True, hidden_rank=4, attn_rank=2)  # subspaces, factors and derived embeddings too
+    build_teacher_cache("toy", tiny["mlm"], tiny["base"], compact, "cpu", 8, SHARD, tmp_path / "ref.zarr",
                         cpu_threads=1)
     manifest = _open(tmp_path / "ref.zarr").manifest
+    assert manifest.signals.hidden_rank == 4 and manifest.signals.attn_rank == 2
+    constants = store_constants.load(tmp_path / "ref.zarr", manifest.signals)
     model, _ = load_teacher(tiny["base"], "base", "cpu")
     rows = load_from_disk(str(tiny["mlm"]))["train"]
     for writers in (1, 3):
         store = tmp_path / f"w{writers}.zarr"
         with create_or_resume(store, manifest.with_completed(set())) as w, torch_threads(1):  # the ref's cpu_threads
+            store_constants.write_constants(store, *store_constants.read_constants(
+                tmp_path / "ref.zarr", constant_names(manifest.signals)))
             done = []
-            run_shards(lambda i: compute_shard(model, rows, *manifest.shard_rows_range(i), manifest.signals, 8, 0),
+            run_shards(lambda i: compute_shard(model, rows, *manifest.shard_rows_range(i), manifest.signals, 8, 0,
+                                               constants),
                        str(store), w.pending_shards(), lambda i, marker: done.append(i), writers=writers)
             assert done == list(range(manifest.n_shards))  # reported in shard order
             w.record(done)
@@ -196,7 +204,7 @@ def test_writer_threads_write_the_bytes_of_one_writer(tiny, tmp_path):
     # the stage itself with 3 writers (machine setting threads_per_worker 4: one computes, three write)
     (tmp_path / "machine.yaml").write_text("")
     cluster = load_machine({"DISTILLPIPE_MACHINE": str(tmp_path / "machine.yaml"), "DISTILLPIPE_THREADS": "4"}).cluster
-    build_teacher_cache("toy", tiny["mlm"], tiny["base"], _cfg(embeddings=True), "cpu", 8, SHARD, tmp_path / "t4.zarr",
+    build_teacher_cache("toy", tiny["mlm"], tiny["base"], compact, "cpu", 8, SHARD, tmp_path / "t4.zarr",
                         cpu_threads=1, cluster=cluster)
     for f in _tree(tmp_path / "ref.zarr"):
         assert filecmp.cmp(tmp_path / "t4.zarr" / f, tmp_path / "ref.zarr" / f, shallow=False), f

@@ -76,7 +76,8 @@ def stsb(tmp_path_factory, shared_data):
     cache_cfg = build(TeacherCacheDatasetConfig, {
         "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
-                    "attn_probs": False, "embeddings": False, "precision": PRECISION_F16}},
+                    "attn_probs": False, "embeddings": False, "precision": PRECISION_F16,
+                    "hidden_rank": None, "hidden_fit_rows": 16, "attn_rank": None}},
         "teacher_cache.datasets.stsb")
     build_teacher_cache("stsb", tokens, root / "teacher", cache_cfg, "cpu", 64, 1024, root / "stsb.zarr", cpu_threads=1)
     return {"root": root, "tokens": tokens, "prepared": root / "prepared", "teacher": root / "teacher",
@@ -165,7 +166,8 @@ def test_regression_needs_a_teacher_fine_tuned_on_bins(stsb, tmp_path):
     cache_cfg = build(TeacherCacheDatasetConfig, {
         "teacher": "stsb", "head": "classification", "split": "train", "max_rows": None,
         "signals": {"logits": True, "mlm_topk": 0, "hidden_layers": [], "attn_layers": [], "pool": 1,
-                    "attn_probs": False, "embeddings": False, "precision": PRECISION_F16}},
+                    "attn_probs": False, "embeddings": False, "precision": PRECISION_F16,
+                    "hidden_rank": None, "hidden_fit_rows": 16, "attn_rank": None}},
         "teacher_cache.datasets.stsb")
     build_teacher_cache("stsb", stsb["tokens"], teacher, cache_cfg, "cpu", 64, 1024, tmp_path / "c.zarr", cpu_threads=1)
     run = _run({"hard": 1.0})

@@ -26,9 +26,11 @@ from distillpipe.store.schema import (
     MLM_TOPK_LOGITS,
     START_LOGITS,
     SignalSpec,
+    attn_factor_arrays,
     attn_probs_array,
     attn_scores_array,
     hidden_array,
+    subspace_arrays,
 )
 from distillpipe.students.base import LMOutput, StudentOutput
 from distillpipe.train.objective import Objective, ObjectiveError, StudentDims, store_names
@@ -86,10 +88,12 @@ def test_every_run_of_the_real_params_names_known_terms(section, cls):
         check_names(run.objective, f"{section}.runs.{name}")
 
 
-def _signals(task="none", n_classes=0, pool=1, mlm=False, hidden=(), attn=(), probs=(), emb=0):
+def _signals(task="none", n_classes=0, pool=1, mlm=False, hidden=(), attn=(), probs=(), emb=0, hidden_rank=0,
+             attn_rank=0):
     return SignalSpec(max_seq_len=T, pool=pool, task=task, n_classes=n_classes, vocab_size=V, mlm_topk=K if mlm else 0,
                       mlm_max_masked=M if mlm else 0, hidden_layers=hidden, hidden_size=6, attn_layers=attn,
-                      n_heads=H, attn_probs_layers=probs, embedding_size=emb)
+                      n_heads=H, attn_probs_layers=probs, embedding_size=emb, hidden_rank=hidden_rank,
+                      hidden_fit_rows=4 if hidden_rank else 0, attn_rank=attn_rank)
 
 
 def _mask():
@@ -100,9 +104,12 @@ def _mask():
 
 def test_store_names_follow_the_table_order():
     cfg = _cfg({"embedding": 1.0, "attn": 1.0, "hidden": 1.0, "soft": 1.0, "hard": 1.0}, layer_map=(-1, 2, 1))
-    assert store_names(cfg, "qa", _signals(task="qa")) == [
-        "length", "start_logits", "end_logits", "hidden/L2", "hidden/L1", "attn_scores/L2", "attn_scores/L1",
-        "embeddings"]
+    assert store_names(cfg, "qa", _signals(task="qa")) == [  # the embedding output is derived: never read
+        "length", "start_logits", "end_logits", "hidden/L2", "hidden/L1", "attn_scores/L2", "attn_scores/L1"]
+    compact = _signals(task="qa", hidden=(1, 2), attn=(1, 2), hidden_rank=3, attn_rank=2)
+    assert store_names(cfg, "qa", compact) == [  # the stored forms: coordinates, factors
+        "length", "start_logits", "end_logits", "hidden/L2", "hidden/L1", "attn_scores/L2/left",
+        "attn_scores/L2/right", "attn_scores/L1/left", "attn_scores/L1/right"]
     assert store_names(_cfg({"hard": 1.0, "mlm_kd": 1.0}), "mlm", _signals(mlm=True)) == [
         "length", "mlm/positions", "mlm/topk_ids", "mlm/topk_logits", "mlm/logsumexp"]
 
@@ -195,9 +202,45 @@ def test_each_term_checks_what_it_needs():
              ({"lm": 1.0}, "mlm", plain, "needs a language-model student"),
              ({"hard": 1.0}, "mlm", dataclasses.replace(plain, lm=True), "makes no MLM predictions"),
              ({"attn": 1.0}, "mlm", plain, "exposes no attention scores"),
-             ({"embedding": 1.0}, "mlm", plain, "exposes no embeddings")]
+             ({"embedding": 1.0}, "mlm", plain, "exposes no embeddings"),
+             ({"embedding": 1.0}, "mlm", dataclasses.replace(plain, embedding=4), "does not keep")]
     assert {t.name for t in TERMS if t.check} >= {next(iter(w)) for w, *_ in cases}
     for weights, kind, dims, message in cases:
         with pytest.raises(ObjectiveError, match=message):
             Objective(_cfg(weights), kind=kind, signals=_signals(hidden=(0,), attn=(0,)), dims=dims)
     Objective(_cfg({"hard": 1.0}), kind="mlm", signals=_signals(), dims=plain)  # no check of unweighted terms
+
+
+def test_layer_terms_on_compact_targets_are_their_subspace_and_factor_formulas():
+    """A cache in the compact forms: the hidden term is the subspace MSE (or cosine) in the layer's basis, the attention
+    MSE compares the scores rebuilt from the factors, the attention KL the softmax of the factors' scores."""
+    from distillpipe.compact import probs_from_factors, scores_from_factors
+
+    torch.manual_seed(1)
+    mask, pool, r, ar = _mask(), 2, 3, 2
+    L = T // pool
+    out = StudentOutput(hidden=tuple(torch.randn(B, T, 4) for _ in range(2)), hidden_stride=1,
+                        attn_scores=tuple(torch.randn(B, H, T, T) for _ in range(2)))
+    bases = {t: torch.linalg.qr(torch.randn(6, r))[0] for t in (1, 2)}
+    tg = {"attention_mask": mask,
+          **{hidden_array(t): torch.randn(B, L, r).half() for t in (1, 2)},
+          **{subspace_arrays(t)[0]: torch.randn(6) for t in (1, 2)},
+          **{subspace_arrays(t)[1]: bases[t] for t in (1, 2)},
+          **{a: torch.randn(B, H, ar, L).half() for t in (1, 2) for a in attn_factor_arrays(attn_scores_array(t))},
+          **{a: torch.randn(B, H, ar, T).half() for t in (1, 2) for a in attn_factor_arrays(attn_probs_array(t))}}
+    dims = StudentDims(hidden=(4, 4), hidden_stride=1, attn_heads=(H, H), embedding=0, lm=False)
+    signals = _signals(task="qa", pool=pool, hidden=(1, 2), attn=(1, 2), probs=(1, 2), hidden_rank=r, attn_rank=ar)
+    valid = pooled_mask(mask, pool)
+    for hidden_loss, fn in (("mse", losses.subspace_mse), ("cosine", losses.subspace_cosine)):
+        obj = Objective(_cfg({"hidden": 1.0, "attn": 1.0, "attn_kl": 1.0}, layer_map=(2, 1), hidden_loss=hidden_loss),
+                        kind="qa", signals=signals, dims=dims)
+        _, parts = obj(out, tg, multipliers=AllOnes(), temperature=1.0)
+        for j, t in ((0, 2), (1, 1)):
+            h = obj.hidden_proj(losses.pool_student_hidden(out.hidden[j], mask, pool))
+            mean, basis = (tg[a] for a in subspace_arrays(t))
+            assert torch.equal(parts[f"hidden/{j}"], fn(h, tg[hidden_array(t)], mean, basis, valid))
+            scores = losses.pool_student_scores(out.attn_scores[j], mask, pool)
+            target = scores_from_factors(*(tg[a] for a in attn_factor_arrays(attn_scores_array(t))))
+            assert torch.equal(parts[f"attn/{j}"], losses.attn_score_mse(scores, target, valid))
+            probs = probs_from_factors(*(tg[a] for a in attn_factor_arrays(attn_probs_array(t))), mask)
+            assert torch.equal(parts[f"attn_kl/{j}"], losses.attn_kl(out.attn_scores[j], probs, mask))

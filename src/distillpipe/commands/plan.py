@@ -73,10 +73,29 @@ def _details(i: ItemPlan) -> list[str]:
                    (f", top-{s.mlm_topk} at M {s.mlm_max_masked}" if s.mlm_topk else "") +
                    f"; {_num(i.teacher_params)} teacher parameters")
         out.append("  bytes a row: " + ", ".join(f"{g} {fmt_bytes(b)}" for g, b in i.group_row_bytes.items()))
+        if s.hidden_rank or s.attn_rank or s.embedding_size:
+            out.append("  compact: " + "; ".join(
+                [f"hidden states as {s.hidden_rank} of {s.hidden_size} principal coordinates"] * bool(s.hidden_rank)
+                + [f"attention maps as rank-{s.attn_rank} factors per head"] * bool(s.attn_rank)
+                + ["the embedding output derived from the teacher's tables"] * bool(s.embedding_size)))
+        if i.constants:
+            out.append(f"  constants (once a store): {fmt_bytes(sum(i.constants.values()))} in {len(i.constants)} "
+                       "arrays")
+        for layer, fit in (i.fit or {}).items():
+            out.append(f"  fit of hidden/{layer} (built store): the top {fit['rank']} components keep "
+                       f"{100 * fit['variance_kept']:.1f}% of the variance; kept at r = " + ", ".join(
+                           f"{r}: {100 * v:.1f}%"
+                           for r, v in sorted(fit["spectrum"].items(), key=lambda kv: int(kv[0]))))
         files = i.files
         if files:
             out.append(f"  files: {files['data']:,} data (at most) + {files['markers']:,} markers + "
                        f"{files['metadata']:,} zarr.json = {files['total']:,}")
+        r = i.reading
+        if r is not None:
+            out.append(f"  a student's epoch on the GPU box: {r['cached_rows_per_s']:,.0f} rows/s from this cache on "
+                       f"this disk ({r['cached_bound']}-bound, {r['cached_vs_live']:.2f}x the live teacher's "
+                       f"{r['live_rows_per_s']:,.0f}), {r['nvme_rows_per_s']:,.0f} rows/s from a 3 GB/s NVMe "
+                       f"({r['nvme_vs_live']:.2f}x)")
         if i.flops_per_row is not None:
             line = f"  {i.flops_per_row / 1e9:,.2f} GFLOP a row"
             for where, r in i.rates.items():

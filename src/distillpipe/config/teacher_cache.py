@@ -15,12 +15,11 @@ class PrecisionConfig:
     Part of the store's identity (a change rebuilds it); a setting for a signal the cache does not keep is ignored."""
 
     hidden: Literal["float16", "int8"]
-    """Hidden states: ``int8`` = symmetric int8 with a float16 scale per position."""
-    embeddings: Literal["float16", "int8"]
-    """Embedding-layer output: as ``hidden``."""
-    attn_scores: Literal["float16", "int8"]
-    """Pooled attention scores: int8 with a float16 scale per (head, query) row; the ``-inf`` of masked blocks is kept
-    exactly. (Attention probabilities and task logits are always float16.)"""
+    """Hidden states (or their subspace coordinates): ``int8`` = symmetric int8 with a float16 scale per position."""
+    attention: Literal["float16", "int8"]
+    """Attention factors (``attn_rank``): int8 with a float16 scale per component of each head; dense pooled scores:
+    int8 with a float16 scale per (head, query) row, the ``-inf`` of masked blocks kept exactly. (Dense attention
+    probabilities and task logits are always float16.)"""
     mlm_topk: Literal["float16", "uint8"]
     """MLM top-k logits: ``uint8`` = steps of 1/16 nat below the top-1, the top-k probability mass (so the tail mass)
     kept."""
@@ -40,8 +39,18 @@ class SignalsConfig:
     hidden_layers: list[int]
     """Encoder layers (1..n_layers; 0 = embedding output) whose outputs are kept, average-pooled
     ``pool`` x along the sequence."""
+    hidden_rank: int | None
+    """Keep each hidden layer as its coordinates in the layer's top-r principal subspace, fitted on
+    ``hidden_fit_rows`` of the cached rows (r values a position instead of the teacher's width; the loss is computed
+    in the subspace); null (or at least the width) = the full states. docs/precision.md has the variance kept and
+    the students' loss against the full states at each r."""
+    hidden_fit_rows: int
+    """Rows, evenly spaced over the cached ones, whose states fit the subspaces (with ``hidden_rank``)."""
     attn_layers: list[int]
     """Encoder layers whose pre-softmax attention scores are kept, max-pooled ``pool`` x ``pool``."""
+    attn_rank: int | None
+    """Keep each head's attention map (the pooled scores, or with ``attn_probs`` the scores the probabilities are the
+    softmax of) as rank-r factors: 2 r values a position instead of a row of the map; null = dense maps."""
     pool: int
     """Pooling factor p (WaLDORf eqs. 3 and 5: 4); 1 = unpooled (MiniALBERT)."""
     attn_probs: bool
@@ -51,13 +60,20 @@ class SignalsConfig:
     and layer (MiniLM at L 64: 98 KB; BERT-base at L 256: 1.6 MB; BERT-Large at L 384: 4.7 MB): size rows, length
     and layers with care."""
     embeddings: bool
-    """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): large."""
+    """Also keep the embedding-layer output, unpooled (WaLDORf embedding loss): derived at training time from the
+    teacher's embedding tables, which the store keeps once (no bytes a row); the build checks the derived values
+    against the teacher's own on every batch."""
     precision: PrecisionConfig
     """How the hidden states, embeddings, attention scores and MLM top-k are stored (float16 or compressed)."""
 
     def __post_init__(self) -> None:
         if self.pool < 1 or self.mlm_topk < 0:
             raise ConfigError("pool must be >= 1 and mlm_topk >= 0")
+        for name in ("hidden_rank", "attn_rank"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1 or null (dense)")
+        if self.hidden_fit_rows < 2:
+            raise ConfigError(f"hidden_fit_rows={self.hidden_fit_rows}: a subspace is fitted on at least 2 rows")
         for name, low in (("hidden_layers", 0), ("attn_layers", 1)):
             layers = getattr(self, name)
             if any(j < low for j in layers) or layers != sorted(set(layers)):

@@ -18,12 +18,12 @@ from distillpipe.pooling import length_mask, n_groups
 from distillpipe.store.schema import (
     ATTN_PROBS,
     ATTN_SCORES,
-    EMBEDDINGS,
     END_LOGITS,
     HIDDEN,
     LENGTH,
     START_LOGITS,
     array_group,
+    dense_scores,
 )
 
 IGNORE = -100  # label value ignored by the cross-entropy losses
@@ -94,14 +94,18 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
             if t.dtype == torch.float16:
                 t = t.float()
             group = array_group(name)
-            if name in (START_LOGITS, END_LOGITS, EMBEDDINGS):
+            if name in (START_LOGITS, END_LOGITS):
                 t = t[:, :T]
             elif group == HIDDEN:
                 t = t[:, :Tp]
-            elif group == ATTN_SCORES:
+            elif dense_scores(name):
                 t = t[:, :, :Tp, :Tp]
-            elif group == ATTN_PROBS:
+            elif group == ATTN_SCORES:
+                t = t[..., :Tp]  # factors (B, H, r, Lp) -> (B, H, r, Tp)
+            elif group == ATTN_PROBS and name.count("/") == 1:
                 t = t[:, :, :T, :T]  # (B, H, L, L) -> (B, H, T, T): positions, never heads
+            elif group == ATTN_PROBS:
+                t = t[..., :T]  # factors (B, H, r, L) -> (B, H, r, T)
             targets[name] = t
         if LENGTH in arrays and not np.array_equal(arrays[LENGTH], lengths.numpy()):
             raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "

@@ -13,6 +13,8 @@ signals                the :class:`~distillpipe.store.schema.SignalSpec` as a di
 encoding               only when a signal is stored compressed: {array: {kind, values, scale, formula}}, the stored
                        arrays of each compressed array and the formula that decodes them (derived from ``signals``;
                        what a reader without distillpipe needs: :data:`~distillpipe.store.schema.FORMULAS`)
+compact                only when a signal is stored in a compact form: {signal group: how it reconstructs from the
+                       arrays and the constants} (:data:`~distillpipe.store.schema.COMPACT_FORMULAS`)
 compute                how the values were computed: {precision, batch_size}; a resumed build must not
                        mix bf16-on-GPU shards with fp32-on-CPU ones, nor batchings (padding and kernel
                        choice shift the last bits)
@@ -46,14 +48,17 @@ from distillpipe.store.schema import SignalSpec
 
 MANIFEST_KEY = "manifest"
 """Key of the manifest in the root group's attributes."""
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 """2: crc32c per inner chunk (a damaged chunk fails its read), code and compute in the identity; 3: Blosc lz4
 instead of zstd (nearly the bytes of padding zstd saved, 5-10x less CPU to write and to read); 4: a per-signal
 ``precision`` in the signals (compressed stored forms, the manifest's ``encoding``); 5: a codec chain per array
 (per-position arrays raw in chunks of one row and a block of positions, attention maps lz4 without shuffle per
-row) and markers that record a crc32c digest instead of a sha256."""
-FORMAT_CHANGE = ("format 5 stores hidden states and embeddings raw, attention maps with a faster lz4, and checks "
-                 "shards by crc32c: several times less CPU to write and read")
+row) and markers that record a crc32c digest instead of a sha256; 6: compact signals (hidden states as coordinates
+in a fitted principal subspace, pooled scores as low-rank factors, attention probabilities as top-k keys, the
+embedding output derived from the teacher's tables) and the store's constants (``constants/``, checked by
+``constants.json``)."""
+FORMAT_CHANGE = ("format 6 stores the compact forms of hidden states, attention and embeddings (a tenth of the "
+                 "bytes of a WaLDORf row) and the constants they need")
 """Why a store of the previous format is rebuilt: said when one is met."""
 NOT_COMPARED = ("completed_shards", "code_version")
 """Top-level manifest fields left out of identity comparisons (progress and provenance)."""
@@ -147,6 +152,7 @@ class Manifest:
             **({"row_subset": dict(self.row_subset)} if self.row_subset is not None else {}),
             "signals": self.signals.to_dict(),
             **({"encoding": self.encoding()} if self.signals.encodings() else {}),
+            **({"compact": self.signals.compact()} if self.signals.compact() else {}),
             "compute": dict(self.compute),
             "code": dict(self.code),
             "code_version": self.code_version,
@@ -171,7 +177,7 @@ class Manifest:
         if d.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"manifest of format version {d.get('format_version')}; this distillpipe reads version "
                              f"{FORMAT_VERSION} ({FORMAT_CHANGE}): a store written by another version is rebuilt")
-        unknown, missing = sorted(set(d) - names - {"row_subset", "encoding"}), sorted(names - set(d))
+        unknown, missing = sorted(set(d) - names - {"row_subset", "encoding", "compact"}), sorted(names - set(d))
         if unknown or missing:
             raise ValueError(f"manifest: unknown keys {unknown}, missing keys {missing}")
         return cls(
@@ -223,10 +229,14 @@ class StoreDamaged(UserError, RuntimeError):
     One message argument, so that a DataLoader worker's exception re-raises as this class."""
 
     @classmethod
-    def of_shards(cls, where: str, problems: Mapping[int, list[str]]) -> StoreDamaged:
-        lines = "\n".join(f"  - shard {i}: {'; '.join(p)}" for i, p in sorted(problems.items())[:20])
+    def of_shards(cls, where: str, problems: Mapping[int | str, list[str]]) -> StoreDamaged:
+        """``problems``: {shard index, or ``"constants"`` for the store's constants: what is wrong}."""
+        items = sorted(problems.items(), key=lambda kv: (isinstance(kv[0], int), kv[0]))
+        lines = "\n".join(f"  - {f'shard {i}' if isinstance(i, int) else i}: {'; '.join(p)}" for i, p in items[:20])
         more = f"\n  (and {len(problems) - 20} more shards)" if len(problems) > 20 else ""
-        return cls(f"teacher cache {where} is damaged ({len(problems)} shard(s)):\n{lines}{more}\n" + DAMAGE_FIX.format(
+        shards = sum(isinstance(i, int) for i in problems)
+        parts = [f"{shards} shard(s)"] * bool(shards) + [str(i) for i in problems if not isinstance(i, int)]
+        return cls(f"teacher cache {where} is damaged ({' and '.join(parts)}):\n{lines}{more}\n" + DAMAGE_FIX.format(
             path=where))
 
 

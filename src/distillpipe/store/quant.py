@@ -23,9 +23,9 @@ import torch
 
 from distillpipe.store.schema import INT8_ROWS, INT8_SCORES, MLM_STEP, SCORES_MASKED_Q, UINT8_STEPS
 
-_F16_INF = np.float16(np.inf)
-_F16_MAX = np.float32(np.finfo(np.float16).max)
-_F16_TINY = np.float16(2**-24)
+_F16_NEG_INF = float("-inf")
+_F16_MAX = float(np.finfo(np.float16).max)
+_SCALE_TINY = torch.tensor(2**-24, dtype=torch.float16)
 """The smallest float16 (subnormal): the scale of an all-zero or fully masked vector."""
 
 
@@ -65,26 +65,35 @@ def decode(kind: str, values: np.ndarray, scales: np.ndarray, out: np.ndarray) -
 
 
 def _encode_int8(x: np.ndarray, *, masked: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 codes and float16 scales of float16 ``x``, with torch's CPU kernels (numpy has no vectorised float16
+    arithmetic: its version of these steps ran at a quarter of this speed, and gave the same bits)."""
     if x.dtype != np.float16:
         raise TypeError(f"int8 encoding takes the float16 values a float16 store would hold, got {x.dtype}")
-    finite = x != -_F16_INF if masked else None
-    ax = np.abs(x)
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    xf = t.float()
+    finite = None
     if masked:
-        ax = np.where(finite, ax, np.float16(0))
-    m = ax.max(axis=-1).astype(np.float32)  # (...) largest magnitude of each row vector
-    scale = np.maximum((m / np.float32(127)).astype(np.float16), _F16_TINY)  # never 0 (see decode)
-    low = scale.astype(np.float32) * np.float32(127) < m  # rounded down: one float16 step up (exact products)
-    scale[low] = np.nextafter(scale[low], _F16_INF)
-    q = np.rint(x.astype(np.float32) / scale.astype(np.float32)[..., None])
-    q = np.clip(np.nan_to_num(q, neginf=0.0), -127, 127)  # (masked scores: -inf, set to -128 below)
-    big = scale.astype(np.float32) * np.float32(127) > _F16_MAX  # 127 * scale would decode past float16's range
-    if big.any():  # (|x| near 65504 only): the codes of those rows stop at the largest that decodes finite
-        lim = np.floor(_F16_MAX / scale[big].astype(np.float32))[..., None]
-        q[big] = np.clip(q[big], -lim, lim)
-    q = q.astype(np.int8)
-    if masked:
-        q[~finite] = SCORES_MASKED_Q
-    return q, scale
+        finite = t != _F16_NEG_INF
+        m = xf.abs().masked_fill_(~finite, 0.0).amax(dim=-1)  # (...) the largest finite magnitude of each row vector
+    else:
+        m = xf.abs().amax(dim=-1)
+    scale = torch.maximum((m / 127).half(), _SCALE_TINY)  # never 0 (see decode)
+    low = scale.float() * 127 < m  # rounded down: one float16 step up (exact products; a scale is positive)
+    if bool(low.any()):
+        scale.view(torch.int16)[low] += 1
+    sf = scale.float()
+    q = torch.round(xf.div_(sf[..., None]))  # round half to even, as numpy's rint
+    if finite is not None:
+        q.masked_fill_(~finite, 0.0)  # (masked scores: set to -128 below)
+    q.clamp_(-127, 127)
+    big = sf * 127 > _F16_MAX  # 127 * scale would decode past float16's range
+    if bool(big.any()):  # (|x| near 65504 only): the codes of those rows stop at the largest that decodes finite
+        lim = torch.floor(_F16_MAX / sf[big])[..., None]
+        q[big] = torch.minimum(torch.maximum(q[big], -lim), lim)
+    codes = q.to(torch.int8)
+    if finite is not None:
+        codes.masked_fill_(~finite, SCORES_MASKED_Q)
+    return codes.numpy(), scale.numpy()
 
 
 def _encode_steps(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,11 +35,12 @@ from typing import Any
 import numpy as np
 import zarr
 
+from distillpipe.store import constants
 from distillpipe.store.codec import ShardCodec, codec_pool, codec_threads
 from distillpipe.store.lock import StoreLocked, writer_active
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreDamaged, StoreIncomplete, check_manifest
 from distillpipe.store.quant import decode
-from distillpipe.store.schema import CODECS, ArraySpec, array_layout, stored_layout
+from distillpipe.store.schema import CODECS, CONSTANTS, ArraySpec, array_layout, constant_names, stored_layout
 from distillpipe.store.shards import marked_shards, read_marker, shard_key, tree_bytes, verify_shards
 
 log = logging.getLogger(__name__)
@@ -178,17 +179,26 @@ class TeacherStore:
         """Digest of what the store holds: the manifest's identity and the digest of every completed
         shard's files as their markers record them (no file is read: pair it with ``verify``)."""
         h = hashlib.sha256(json.dumps(self.manifest.identity(), sort_keys=True).encode())
+        h.update((constants.marker_digest(self.root) or "no constants").encode())
         for i in self.manifest.completed_shards:
             marker = read_marker(self.root, i)
             h.update(json.dumps(marker, sort_keys=True).encode() if marker else b"missing")
         return h.hexdigest()
 
-    def verify(self, *, checksum: bool = True) -> dict[int, list[str]]:
-        """Check every completed shard's files against its completion marker:
-        {shard: problems} for the damaged ones (empty when all are intact)."""
+    def verify(self, *, checksum: bool = True) -> dict[int | str, list[str]]:
+        """Check every completed shard's files against its completion marker, and the constants against theirs:
+        {shard (or ``"constants"``): problems} for the damaged ones (empty when all are intact)."""
         shards = list(self.manifest.completed_shards)
         _, bad = verify_shards(self.root, list(self.stored.values()), shards, checksum=checksum)
+        problems = constants.problems(self.root, constant_names(self.manifest.signals), checksum=checksum)
+        if problems:
+            bad[CONSTANTS] = problems
         return bad
+
+    def constants(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The store's constants ({name: array}, checked against their sha256) and how they were made (the
+        subspace fit's report, the embedding layer's settings): :mod:`distillpipe.store.constants`."""
+        return constants.read_constants(self.root, constant_names(self.manifest.signals))
 
     def info(self) -> dict[str, Any]:
         """Everything ``distillpipe inspect`` shows: manifest, arrays (shape, dtype as read, precision as stored,
@@ -216,7 +226,10 @@ class TeacherStore:
                 "compression_ratio": raw / stored if stored else None,
             })  # fmt: skip
         on_disk = tree_bytes(self.root)
+        marker = constants.read_marker(self.root) or {"arrays": {}, "info": {}}
+        const_bytes = tree_bytes(self.root / CONSTANTS) if (self.root / CONSTANTS).is_dir() else 0
         return {
+            "constants": {"arrays": marker["arrays"], "info": marker.get("info", {}), "bytes_on_disk": const_bytes},
             "path": str(self.root),
             "manifest": self.manifest.to_dict(),
             "n_rows": self.n_rows,
@@ -225,7 +238,7 @@ class TeacherStore:
             "rows_complete": rows_done,
             "arrays": arrays,
             "bytes_on_disk": on_disk,
-            "bytes_per_row": on_disk / rows_done if rows_done else None,
+            "bytes_per_row": (on_disk - const_bytes) / rows_done if rows_done else None,
             "bytes_per_row_raw": sum(s.row_nbytes for s in self.layout.values()),
             "compression_ratio": raw_total / stored_total if stored_total else None,
         }
@@ -291,11 +304,15 @@ def format_info(info: Mapping[str, Any]) -> str:
         f"signals        task={s['task']} pool={s['pool']} L={s['max_seq_len']} hidden={s['hidden_layers']} "
         f"attn_scores={s['attn_layers']} attn_probs={s['attn_probs_layers']} mlm_topk={s['mlm_topk']} "
         f"embeddings={s['embedding_size']}",
+        f"compact        hidden_rank={s['hidden_rank'] or 'full'} (fitted on {s['hidden_fit_rows']} rows) "
+        f"attn_rank={s['attn_rank'] or 'dense'} embeddings={'derived' if s['embedding_size'] else '-'}",
         f"precision      {', '.join(f'{k} {v}' for k, v in s['precision'].items())}",
         f"rows           {info['n_rows']:,} in {info['n_shards']} shards of {m['shard_rows']:,}; "
         f"{info['completed_shards']} shards complete ({info['rows_complete']:,} rows)",
         f"on disk        {_mib(info['bytes_on_disk'])}, {_num(info['bytes_per_row'])} bytes/row "
         f"(raw {info['bytes_per_row_raw']:,} bytes/row), compression {_ratio(info['compression_ratio'])}",
+        f"constants      {_mib(info['constants']['bytes_on_disk'])} once ({len(info['constants']['arrays'])} arrays: "
+        f"{', '.join(sorted({n.split('/')[1] for n in info['constants']['arrays']})) or 'none'})",
         "",
         f"{'array':<20} {'shape':<24} {'dtype':<8} {'stored':<8} {'codec':<18} {'chunks':<20} {'shards':<20} "
         f"{'on disk':>11} {'bytes/row':>10} {'ratio':>7}",
@@ -306,11 +323,25 @@ def format_info(info: Mapping[str, Any]) -> str:
             f"{_shape(a['chunks']):<20} {_shape(a['shards']):<20} {_mib(a['bytes_stored']):>11} "
             f"{_num(a['bytes_per_row']):>10} {_ratio(a['compression_ratio']):>7}"
         )
+    fit = info["constants"]["info"].get("hidden", {})
+    if fit:
+        lines.append("")
+        for layer, f in fit.items():
+            spectrum = sorted(f["spectrum"].items(), key=lambda kv: int(kv[0]))
+            lines.append(f"fit hidden/{layer}: the top {f['rank']} principal components keep "
+                         f"{100 * f['variance_kept']:.1f}% of the variance ({f['positions']:,} positions of "
+                         f"{f['rows']:,} rows); kept at r = " + ", ".join(f"{r}: {100 * v:.1f}%" for r, v in spectrum))
+    emb = info["constants"]["info"].get("embeddings")
+    if emb:
+        lines.append(f"derived embeddings: LayerNorm(word[ids] + position[pos] + token_type[types]), eps "
+                     f"{emb['eps']:g}, positions {emb['positions']}")
     chains = {a["codec"]: a["codec_chain"][0] for a in info["arrays"]}
     lines.append("")
     lines += [f"codec {name}: {chain}" for name, chain in chains.items()]
     for name, e in m.get("encoding", {}).items():
         lines.append(f"  {name} = {e['values']}, {e['scale']}: {e['formula']}")
+    for group, formula in m.get("compact", {}).items():
+        lines.append(f"compact {group}: {formula}")
     return "\n".join(lines)
 
 

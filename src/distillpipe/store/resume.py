@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from distillpipe.store import constants
 from distillpipe.store.codec import create_array
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, diff_manifests
-from distillpipe.store.schema import stored_layout
+from distillpipe.store.schema import constant_names, stored_layout
 from distillpipe.store.shards import (
     marked_shards,
     remove_partials,
@@ -61,7 +62,8 @@ def _open_for_writing(root: Path, manifest: Manifest, lock: StoreLock, *, checks
     old = _existing_manifest(root)
     if old is not None:
         differences = diff_manifests(manifest.to_dict(), old.to_dict(), subset=False)
-        differences_text = "; ".join(str(d) for d in differences) or _layout_differences(root, manifest)
+        differences_text = ("; ".join(str(d) for d in differences) or _layout_differences(root, manifest)
+                            or _constants_differences(root, manifest, checksum=checksum))
         if differences_text:
             log.warning(
                 "params, inputs or code changed: rebuilding the teacher cache %s (%s)", root, differences_text
@@ -124,6 +126,20 @@ def _layout_differences(root: Path, manifest: Manifest) -> str:
             problems.append(f"{spec.name}: shape/chunks/shards/dtype {have} on disk, layout wants "
                             f"{(spec.shape, spec.chunks, spec.shards, spec.dtype)}")  # fmt: skip
     return "; ".join(problems)
+
+
+def _constants_differences(root: Path, manifest: Manifest, *, checksum: bool) -> str:
+    """Why the store's constants cannot be resumed with ('' = they can): the shards' coordinates and factors are in
+    their bases, so damaged or missing constants (with shards written) make every shard useless. No constants and no
+    shard yet: an interrupted creation, resumed (the driver computes them)."""
+    names = constant_names(manifest.signals)
+    if not names:
+        return ""
+    if constants.read_marker(root) is None:
+        if marked_shards(root, manifest.n_shards):
+            return f"{constants.MARKER} is missing, but shards were written with the constants it recorded"
+        return ""
+    return "; ".join(constants.problems(root, names, checksum=checksum))
 
 
 def _resume(root: Path, manifest: Manifest, old: Manifest, lock: StoreLock, *, checksum: bool) -> StoreWriter:

@@ -99,24 +99,49 @@ MLM_TOPK_LOGITS, MLM_LOGSUMEXP = f"{MLM}/topk_logits", f"{MLM}/logsumexp"
 MLM_ARRAYS = (MLM_POSITIONS, MLM_TOPK_IDS, MLM_TOPK_LOGITS, MLM_LOGSUMEXP)
 """The MLM top-k signal: (N, M) positions, (N, M, k) ids and logits, (N, M) full-vocabulary logsumexp."""
 EMBEDDINGS = "embeddings"
-"""(N, L, e) embedding-layer output, unpooled."""
+"""The embedding-layer output (B, L, e), unpooled: a signal the store derives (:data:`EMBEDDING_CONSTANTS`), never an
+array of rows."""
 HIDDEN, ATTN_SCORES, ATTN_PROBS = "hidden", "attn_scores", "attn_probs"
-"""The per-layer groups: ``<group>/L{j}``, one array per teacher layer j."""
+"""The per-layer groups: ``<group>/L{j}``, one signal per teacher layer j."""
+CONSTANTS = "constants"
+"""The group of the arrays a store holds once, not per row (:func:`constant_names`)."""
 
 
 def hidden_array(j: int) -> str:
-    """Layer j's hidden states, average-pooled p x: (N, ceil(L/p), d)."""
+    """Layer j's hidden states, average-pooled p x: (N, ceil(L/p), d), or their coordinates in the layer's principal
+    subspace (N, ceil(L/p), r) when the spec's ``hidden_rank`` is r > 0."""
     return f"{HIDDEN}/L{j}"
 
 
 def attn_scores_array(j: int) -> str:
-    """Layer j's pre-softmax attention scores, max-pooled p x p: (N, H, ceil(L/p), ceil(L/p))."""
+    """Layer j's pre-softmax attention scores, max-pooled p x p: (N, H, ceil(L/p), ceil(L/p)); with ``attn_rank`` r > 0
+    the signal is stored as the two arrays of :func:`attn_factor_arrays` instead."""
     return f"{ATTN_SCORES}/L{j}"
 
 
 def attn_probs_array(j: int) -> str:
-    """Layer j's attention probabilities, unpooled: (N, H, L, L)."""
+    """Layer j's attention probabilities, unpooled: (N, H, L, L); with ``attn_rank`` r > 0 stored as the two arrays of
+    :func:`attn_factor_arrays` instead."""
     return f"{ATTN_PROBS}/L{j}"
+
+
+def attn_factor_arrays(signal: str) -> tuple[str, str]:
+    """The rank-r factors ``left`` and ``right`` (N, H, r, n) of attention signal ``signal`` (``attn_scores/L{j}``:
+    the pooled scores are ``left^T right`` per head over the real blocks; ``attn_probs/L{j}``: the probabilities are
+    the softmax over the real keys of ``left^T right``, the scores with each query's mean taken out, which the softmax
+    ignores), n the signal's sequence length (:mod:`distillpipe.compact`)."""
+    return f"{signal}/left", f"{signal}/right"
+
+
+def subspace_arrays(j: int) -> tuple[str, str]:
+    """The constants of layer j's principal subspace: ``mean`` (d,) and ``basis`` (d, r), float32."""
+    return f"{CONSTANTS}/{HIDDEN}/L{j}/mean", f"{CONSTANTS}/{HIDDEN}/L{j}/basis"
+
+
+EMBEDDING_CONSTANTS = tuple(f"{CONSTANTS}/{EMBEDDINGS}/{t}" for t in
+                            ("word", "position", "token_type", "norm_weight", "norm_bias"))
+"""The teacher's embedding tables (float32): the derived embedding output is ``LayerNorm(word[ids] + position[pos] +
+token_type[types])`` (:class:`distillpipe.compact.DerivedEmbeddings`)."""
 
 
 def array_group(name: str) -> str:
@@ -124,13 +149,19 @@ def array_group(name: str) -> str:
     return name.split("/", 1)[0]
 
 
+def dense_scores(name: str) -> bool:
+    """Whether ``name`` is a dense pooled score map (``attn_scores/L{j}``, ``-inf`` on masked blocks), not factors."""
+    return array_group(name) == ATTN_SCORES and name.count("/") == 1
+
+
 # --- precision: the stored forms of the quantizable signals
-PRECISION_CHOICES = {"hidden": ("float16", "int8"), "embeddings": ("float16", "int8"),
-                     "attn_scores": ("float16", "int8"), "mlm_topk": ("float16", "uint8")}
-"""The stored precisions of each quantizable signal (attention probabilities and task logits stay float16)."""
+PRECISION_CHOICES = {"hidden": ("float16", "int8"), "attention": ("float16", "int8"),
+                     "mlm_topk": ("float16", "uint8")}
+"""The stored precisions of each quantizable signal: ``attention`` is the dense pooled scores or the factors of either
+attention signal (dense attention probabilities and task logits stay float16)."""
 INT8_ROWS, INT8_SCORES, UINT8_STEPS = "int8_rows", "int8_scores", "uint8_steps"
-"""The encodings: symmetric int8 per row vector (hidden states, embeddings), the same keeping the ``-inf`` of masked
-scores (attention scores), uint8 steps below an anchor (MLM top-k logits)."""
+"""The encodings: symmetric int8 per row vector (hidden states or their subspace coordinates, score factors), the
+same keeping the ``-inf`` of masked scores (dense attention scores), uint8 steps below an anchor (MLM top-k logits)."""
 MLM_STEP = 1 / 16
 """Nats per uint8 step of the MLM top-k logits: steps reach 255 / 16 = 15.9 nats below the top-1 logit (a token
 further below has a probability under e^-15.9 = 1.2e-7 of the top-1's, and is stored at 15.9); the rounding error is
@@ -156,6 +187,25 @@ FORMULAS = {
 """How each stored form decodes (and was encoded): the text the manifest's ``encoding`` carries."""
 
 
+COMPACT_FORMULAS = {
+    "hidden": "h = mean + coords @ basis.T per position (coords: hidden/L{j}, (N, ceil(L/p), r); mean (d,) and basis "
+              "(d, r): constants/hidden/L{j}/mean and /basis, float32, orthonormal columns): the layer's pooled states "
+              "in its top-r principal subspace, fitted on hidden_fit_rows of the cached rows; 0 at pooled positions "
+              "past the row's length (length, ceil(length / p))",
+    "attn_scores": "scores[h] = left[h].T @ right[h] (left, right: attn_scores/L{j}/left and /right, (N, H, r, "
+                   "ceil(L/p))) on the n x n real blocks, n = ceil(length / p); -inf on every other block",
+    "attn_probs": "probs[h] = softmax over the row's real keys of left[h].T @ right[h] (attn_probs/L{j}/left and "
+                  "/right, (N, H, r, L): the scores with each query's mean over the real keys taken out); 0 at "
+                  "padded queries and keys",
+    "embeddings": "e = LayerNorm(word[ids] + position[pos] + token_type[types]) with weight norm_weight, bias "
+                  "norm_bias and the constants.json info's eps (constants/embeddings/*, float32); pos = 0, 1, ... "
+                  "(positions 'absolute') or, over the ids that are not pad_id, pad_id + 1, pad_id + 2, ... "
+                  "(RoBERTa's 'after_padding'); 0 at padding",
+}
+"""How each compact signal reconstructs from what the store holds (after the int8 decoding of :data:`FORMULAS`): the
+text the manifest's ``compact`` carries, for a reader with Zarr and numpy only."""
+
+
 @dataclass(frozen=True)
 class SignalPrecision:
     """How each quantizable signal is stored: ``float16`` (as computed, the default) or a compressed form
@@ -163,8 +213,7 @@ class SignalPrecision:
     float16 (:func:`array_layout`); only the bytes on disk differ (:func:`stored_layout`)."""
 
     hidden: str = "float16"
-    embeddings: str = "float16"
-    attn_scores: str = "float16"
+    attention: str = "float16"
     mlm_topk: str = "float16"
 
     def __post_init__(self) -> None:
@@ -229,7 +278,16 @@ class SignalSpec:
     attn_probs_layers: tuple[int, ...]
     """Layers j whose attention probabilities (unpooled) are cached as ``attn_probs/L{j}``."""
     embedding_size: int
-    """e: width of the cached embedding-layer output ``embeddings`` (N, L, e); 0 = not cached."""
+    """e: width of the embedding-layer output (B, L, e), derived from the teacher's embedding tables the store keeps
+    once (:data:`EMBEDDING_CONSTANTS`); 0 = not kept."""
+    hidden_rank: int = 0
+    """r: hidden states stored as their coordinates in each layer's top-r principal subspace (fitted while caching:
+    :mod:`distillpipe.compact`); 0 = the full width d."""
+    hidden_fit_rows: int = 0
+    """Rows (evenly spaced over the cached ones) whose states fit the subspaces; 0 exactly when ``hidden_rank`` is."""
+    attn_rank: int = 0
+    """r: attention maps (pooled scores, or probabilities) stored as rank-r factors per head
+    (:func:`attn_factor_arrays`); 0 = dense maps."""
     precision: SignalPrecision = SignalPrecision()
     """How the quantizable signals are stored; a compressed precision only for signals the spec keeps (the build
     writes float16 for the others: :func:`distillpipe.teacher.cache.spec_for`), so that an unused setting never
@@ -238,8 +296,9 @@ class SignalSpec:
     def __post_init__(self) -> None:
         if isinstance(self.precision, dict):  # from a manifest
             object.__setattr__(self, "precision", SignalPrecision(**self.precision))
-        kept = {"hidden": bool(self.hidden_layers), "embeddings": bool(self.embedding_size),
-                "attn_scores": bool(self.attn_layers), "mlm_topk": bool(self.mlm_topk)}
+        kept = {"hidden": bool(self.hidden_layers),
+                "attention": bool(self.attn_layers) or bool(self.attn_rank and self.attn_probs_layers),
+                "mlm_topk": bool(self.mlm_topk)}
         unused = [k for k, on in kept.items() if not on and getattr(self.precision, k) != "float16"]
         if unused:
             raise ValueError(f"SignalSpec.precision: {unused} not float16, but the spec keeps no such signal")
@@ -251,9 +310,19 @@ class SignalSpec:
         for name in ("max_seq_len", "pool", "vocab_size", "hidden_size", "n_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SignalSpec.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("n_classes", "mlm_topk", "mlm_max_masked", "embedding_size"):
+        for name in ("n_classes", "mlm_topk", "mlm_max_masked", "embedding_size", "hidden_rank", "hidden_fit_rows",
+                     "attn_rank"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SignalSpec.{name} must be >= 0, got {getattr(self, name)}")
+        for name, signal, on in (("hidden_rank", "hidden_layers", self.hidden_layers),
+                                 ("attn_rank", "attention layers", self.attn_layers or self.attn_probs_layers)):
+            if getattr(self, name) and not on:
+                raise ValueError(f"SignalSpec.{name}={getattr(self, name)} but the spec keeps no {signal}")
+        if self.hidden_rank > self.hidden_size:
+            raise ValueError(f"SignalSpec.hidden_rank={self.hidden_rank} exceeds hidden_size={self.hidden_size}")
+        if (self.hidden_rank > 0) != (self.hidden_fit_rows > 0):
+            raise ValueError(f"SignalSpec.hidden_fit_rows must be > 0 exactly when hidden_rank is (hidden_rank="
+                             f"{self.hidden_rank}, hidden_fit_rows={self.hidden_fit_rows})")
         if self.task not in TASKS:
             raise ValueError(f"SignalSpec.task must be one of {TASKS}, got {self.task!r}")
         if (self.task == "classification") != (self.n_classes > 0):
@@ -281,13 +350,23 @@ class SignalSpec:
         p, out = self.precision, {}
         if p.hidden == "int8":
             out.update({hidden_array(j): _encoding(INT8_ROWS, hidden_array(j)) for j in self.hidden_layers})
-        if p.embeddings == "int8" and self.embedding_size:
-            out[EMBEDDINGS] = _encoding(INT8_ROWS, EMBEDDINGS)
-        if p.attn_scores == "int8":
-            out.update({attn_scores_array(j): _encoding(INT8_SCORES, attn_scores_array(j)) for j in self.attn_layers})
+        if p.attention == "int8":
+            for j in self.attn_layers:
+                if self.attn_rank:
+                    out.update({a: _encoding(INT8_ROWS, a) for a in attn_factor_arrays(attn_scores_array(j))})
+                else:
+                    out[attn_scores_array(j)] = _encoding(INT8_SCORES, attn_scores_array(j))
+            for j in self.attn_probs_layers if self.attn_rank else ():
+                out.update({a: _encoding(INT8_ROWS, a) for a in attn_factor_arrays(attn_probs_array(j))})
         if p.mlm_topk == "uint8" and self.mlm_topk:
             out[MLM_TOPK_LOGITS] = _encoding(UINT8_STEPS, MLM_TOPK_LOGITS)
         return out
+
+    def compact(self) -> dict[str, str]:
+        """{signal group: how it reconstructs} for the compact forms this spec stores (:data:`COMPACT_FORMULAS`)."""
+        kept = {"hidden": bool(self.hidden_rank), "attn_scores": bool(self.attn_rank and self.attn_layers),
+                "attn_probs": bool(self.attn_rank and self.attn_probs_layers), "embeddings": bool(self.embedding_size)}
+        return {k: COMPACT_FORMULAS[k] for k, on in kept.items() if on}
 
     @property
     def mlm_ids_dtype(self) -> np.dtype:
@@ -417,13 +496,23 @@ def _row_arrays(spec: SignalSpec) -> list[tuple[str, tuple[int, ...], np.dtype, 
         rows.append((MLM_TOPK_LOGITS, (M, k), f16, ("slot", "rank")))
         rows.append((MLM_LOGSUMEXP, (M,), f32, ("slot",)))
     for j in spec.hidden_layers:
-        rows.append((hidden_array(j), (Lp, spec.hidden_size), f16, ("pos", "feature")))
+        if spec.hidden_rank:
+            rows.append((hidden_array(j), (Lp, spec.hidden_rank), f16, ("pos", "component")))
+        else:
+            rows.append((hidden_array(j), (Lp, spec.hidden_size), f16, ("pos", "feature")))
     for j in spec.attn_layers:
-        rows.append((attn_scores_array(j), (H, Lp, Lp), f16, ("head", "query", "key")))
+        if spec.attn_rank:
+            rows += [(a, (H, spec.attn_rank, Lp), f16, ("head", "component", "pos"))
+                     for a in attn_factor_arrays(attn_scores_array(j))]
+        else:
+            rows.append((attn_scores_array(j), (H, Lp, Lp), f16, ("head", "query", "key")))
     for j in spec.attn_probs_layers:
-        rows.append((attn_probs_array(j), (H, L, L), f16, ("head", "query", "key")))
-    if spec.embedding_size:
-        rows.append((EMBEDDINGS, (L, spec.embedding_size), f16, ("pos", "feature")))
+        if spec.attn_rank:
+            rows += [(a, (H, spec.attn_rank, L), f16, ("head", "component", "pos"))
+                     for a in attn_factor_arrays(attn_probs_array(j))]
+        else:
+            rows.append((attn_probs_array(j), (H, L, L), f16, ("head", "query", "key")))
+    # the embedding output is derived from the teacher's tables (constant_names): no array of rows
     # the fill value typed as the array (0.0 for floats, 0 for integers): it is written into the array's metadata
     return [(name, shape, dtype, (float if dtype.kind == "f" else int)(fill_value(name)), dims)
             for name, shape, dtype, dims in rows]
@@ -435,9 +524,28 @@ def signal_arrays(spec: SignalSpec) -> list[str]:
     return [name for name, *_ in _row_arrays(spec) if name != ROW_INDEX]
 
 
+def signal_parts(spec: SignalSpec, name: str) -> tuple[str, ...]:
+    """The arrays of rows that hold signal ``name`` (a loss term's ``hidden/L{j}``, ``attn_scores/L{j}``,
+    ``attn_probs/L{j}``, ``embeddings``, ``logits``...) in ``spec``'s stored form: the array itself, the score factors,
+    the top-k keys, or none (the embeddings are derived from constants)."""
+    if name == EMBEDDINGS:
+        return ()
+    if array_group(name) in (ATTN_SCORES, ATTN_PROBS) and spec.attn_rank:
+        return attn_factor_arrays(name)
+    return (name,)
+
+
+def constant_names(spec: SignalSpec) -> list[str]:
+    """The arrays a store of ``spec`` holds once (group ``constants``): each subspace's mean and basis, the teacher's
+    embedding tables. Their shapes come from the fit and the teacher (recorded with them:
+    :mod:`distillpipe.store.constants`)."""
+    names = [a for j in spec.hidden_layers for a in subspace_arrays(j)] if spec.hidden_rank else []
+    return names + (list(EMBEDDING_CONSTANTS) if spec.embedding_size else [])
+
+
 def fill_value(name: str) -> float:
     """The value of array ``name`` where a row has no data (padding, an unused MLM slot): the store's fill value."""
-    if array_group(name) == ATTN_SCORES:
+    if dense_scores(name):
         return float(ATTN_MASKED)
     if name == MLM_POSITIONS:
         return MLM_UNUSED_POSITION

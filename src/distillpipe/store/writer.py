@@ -49,7 +49,7 @@ from distillpipe.store.codec import CHUNK_KEY_ENCODING, Encoded, codec_pool, lay
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreIncomplete
 from distillpipe.store.quant import encode
-from distillpipe.store.schema import ATTN_SCORES, ArraySpec, SignalSpec, array_group, array_layout, stored_layout
+from distillpipe.store.schema import ArraySpec, SignalSpec, array_layout, dense_scores, stored_layout
 from distillpipe.store.shards import (
     PARTIAL_SUFFIX,
     marked_shards,
@@ -425,7 +425,7 @@ def _checked_arrays(
         if a.dtype != spec.dtype:
             a = _cast(a, spec.dtype, f"shard {i}: {spec.name}")
         if a.dtype.kind == "f":
-            _refuse_nonfinite(a, spec.name, allow_neg_inf=array_group(spec.name) == ATTN_SCORES, i=i)
+            _refuse_nonfinite(a, spec.name, allow_neg_inf=dense_scores(spec.name), i=i)
         out[spec.name] = np.ascontiguousarray(a)
     length = out["length"]
     if length.size and (length.min() < 0 or length.max() > max_len):

@@ -88,15 +88,25 @@ def throughput(flops_per_row: float, row_bytes: float, disk_row_bytes: float, fl
             "seconds": None if n_rows is None else n_rows / rate}
 
 
+NVME_BYTES_PER_S = 3e9
+"""The sequential read of the NVMe a plan also projects a student's epoch to (one PCIe 4 drive, as benchmarks/
+at_scale.py's ``--nvme-gb-s``)."""
+
+
 def cached_vs_live(flops_per_row: float, disk_row_bytes: float, bench: Bench) -> dict[str, Any] | None:
     """On the projected GPU box: a student's epoch reading the cache (rows/s: the disk's read, or the loader's CPU
-    on the cores left) against the teacher run live on every batch (its forward on the GPU); None without the
-    figures (an older benchmark JSON)."""
+    on the cores left) against the teacher run live on every batch (its forward on the GPU), with the benchmark's
+    disk and with a :data:`NVME_BYTES_PER_S` NVMe; None without the figures (an older benchmark JSON)."""
     if bench.disk_read_bytes_per_s is None or bench.loader_cpu_s_per_byte is None:
         return None
     spare = max(1, bench.projection_cores - 2)  # one core drives the GPU, one is the OS's
-    limits = {"disk": bench.disk_read_bytes_per_s / max(disk_row_bytes, 1.0),
-              "loader CPU": spare / (bench.loader_cpu_s_per_byte * max(disk_row_bytes, 1.0))}
-    bound = min(limits, key=limits.get)
-    return {"cached_rows_per_s": limits[bound], "cached_bound": bound,
-            "live_rows_per_s": bench.gpu_flops_per_s / max(flops_per_row, 1.0)}
+    live = bench.gpu_flops_per_s / max(flops_per_row, 1.0)
+    out: dict[str, Any] = {"live_rows_per_s": live}
+    for disk, read in (("disk", bench.disk_read_bytes_per_s), ("nvme", NVME_BYTES_PER_S)):
+        limits = {"disk": read / max(disk_row_bytes, 1.0),
+                  "loader CPU": spare / (bench.loader_cpu_s_per_byte * max(disk_row_bytes, 1.0))}
+        bound = min(limits, key=limits.get)
+        prefix = "cached" if disk == "disk" else "nvme"
+        out[f"{prefix}_rows_per_s"], out[f"{prefix}_bound"] = limits[bound], bound
+        out[f"{prefix}_vs_live"] = limits[bound] / live
+    return out

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import torch
 
 from distillpipe.assets import tokenizer_sha256, weights_sha256
+from distillpipe.compact import Constants
 from distillpipe.config.teacher_cache import SignalsConfig, TeacherCacheDatasetConfig
 from distillpipe.data.schema import longest_list, read_meta
 from distillpipe.data.subset import row_subset
@@ -43,14 +44,16 @@ from distillpipe.progress import Progress
 from distillpipe.runtime import torch_threads
 from distillpipe.scale.cluster import open_client, run_tasks
 from distillpipe.scale.machine import ClusterSettings
+from distillpipe.store import constants as store_constants
 from distillpipe.store.lock import StoreLock
 from distillpipe.store.manifest import Manifest, TeacherInfo
 from distillpipe.store.resume import create_or_resume
-from distillpipe.store.schema import ROW_INDEX, SignalPrecision, SignalSpec
+from distillpipe.store.schema import ROW_INDEX, SignalPrecision, SignalSpec, constant_names
 from distillpipe.store.shards import marked_shards
 from distillpipe.store.writer import StoreSummary, StoreWriter, write_shard
 from distillpipe.teacher.capture import signal_names, teacher_head
 from distillpipe.teacher.estimate import estimated_bytes, fmt_bytes
+from distillpipe.teacher.fit import fit_constants
 from distillpipe.teacher.load import load_teacher
 from distillpipe.teacher.shard import compute_shard
 
@@ -160,6 +163,8 @@ class _Loaded:
     """One capture at a time per teacher: capture hooks the model, so threads must not share it at once."""
     subset: Any = None
     """The cached rows of the split when ``max_rows`` is set (``rows`` holds only them); None: every row."""
+    constants: tuple[str, Constants] | None = None
+    """The store's constants on the teacher's device, with the digest of the marker they were read under."""
 
 
 _LOADED: _Loaded | None = None
@@ -200,6 +205,26 @@ def teacher_facts(job: ShardJob) -> TeacherFacts:
     return _loaded(job).facts
 
 
+def fit_job(job: ShardJob) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The constants of ``job``'s store (:func:`distillpipe.teacher.fit.fit_constants`), computed in this process
+    with the shards' compute settings (one dask task)."""
+    state = _loaded(job)
+    with state.lock, torch_threads(job.compute["cpu_threads"]):
+        return fit_constants(state.model, state.rows, job.spec, job.batch_size, job.pad_id)
+
+
+def _job_constants(job: ShardJob, state: _Loaded) -> Constants | None:
+    """The store's constants on the teacher's device, read from the store once per process (again when its
+    constants marker changed: a rebuilt store's fit)."""
+    if not constant_names(job.spec):
+        return None
+    digest = store_constants.marker_digest(job.store)
+    if state.constants is None or state.constants[0] != digest:
+        device = next(state.model.parameters()).device
+        state.constants = (digest, store_constants.load(job.store, job.spec).to(device))
+    return state.constants[1]
+
+
 def compute_job_shard(job: ShardJob, i: int) -> dict[str, Any]:
     """The arrays of shard ``i`` of ``job``'s store, computed in this process."""
     state = _loaded(job)
@@ -208,8 +233,9 @@ def compute_job_shard(job: ShardJob, i: int) -> dict[str, Any]:
                                 f"manifest says {job.compute}: every worker of one build must use the same device "
                                 "type and batch size")
     start, stop = i * job.shard_rows, min(job.n_rows, (i + 1) * job.shard_rows)
+    constants = _job_constants(job, state)
     with state.lock, torch_threads(job.compute["cpu_threads"]):
-        arrays = compute_shard(state.model, state.rows, start, stop, job.spec, job.batch_size, job.pad_id)
+        arrays = compute_shard(state.model, state.rows, start, stop, job.spec, job.batch_size, job.pad_id, constants)
     if state.subset is not None:  # positions in the subset -> rows of the tokens split
         arrays[ROW_INDEX] = state.subset[arrays[ROW_INDEX]]
     return arrays
@@ -255,10 +281,11 @@ def spec_for(s: SignalsConfig, teacher: TeacherSizes, max_seq_len: int, max_mask
         task = "qa" if teacher.head == "qa" else "classification"
     p = s.precision
     # a precision for a signal the store does not keep is float16 in the spec: it must not change the identity
+    attention = bool(s.attn_layers) and (not s.attn_probs or bool(s.attn_rank))  # dense probabilities stay float16
     precision = SignalPrecision(hidden=p.hidden if s.hidden_layers else "float16",
-                                embeddings=p.embeddings if s.embeddings else "float16",
-                                attn_scores=p.attn_scores if s.attn_layers and not s.attn_probs else "float16",
+                                attention=p.attention if attention else "float16",
                                 mlm_topk=p.mlm_topk if s.mlm_topk else "float16")
+    hidden_rank = min(s.hidden_rank or 0, teacher.hidden_size) if s.hidden_layers else 0
     return SignalSpec(
         max_seq_len=int(max_seq_len), pool=s.pool, task=task,
         n_classes=teacher.num_labels if task == "classification" else 0,
@@ -268,6 +295,10 @@ def spec_for(s: SignalsConfig, teacher: TeacherSizes, max_seq_len: int, max_mask
         attn_layers=() if s.attn_probs else tuple(s.attn_layers), n_heads=teacher.n_heads,
         attn_probs_layers=tuple(s.attn_layers) if s.attn_probs else (),
         embedding_size=teacher.hidden_size if s.embeddings else 0, precision=precision,
+        # a rank of at least the width keeps every dimension: the full states, no subspace
+        hidden_rank=hidden_rank if hidden_rank < teacher.hidden_size else 0,
+        hidden_fit_rows=s.hidden_fit_rows if 0 < hidden_rank < teacher.hidden_size else 0,
+        attn_rank=(s.attn_rank or 0) if s.attn_layers else 0,
     )
 
 
@@ -346,6 +377,8 @@ def _build_locked(name: str, tokens_dir: str | Path, teacher_dir: str | Path, cf
             row_subset=None if subset is None else {"max_rows": len(subset), "rule": "evenly_spaced"})
         job = replace(job, n_rows=len(rows), shard_rows=shard_rows, spec=spec, compute=facts.compute)
         with disk_full_message(name, out, manifest, rows), create_or_resume(out, manifest, lock=lock) as writer:
+            if store_constants.read_marker(out) is None:  # a new store: its constants before any shard
+                _write_constants(job, spec, out, inprocess, client)
             pending = writer.pending_shards()
             n_shards = manifest.n_shards
             if len(pending) < n_shards:
@@ -391,7 +424,8 @@ def disk_full_message(name: str, out: Path, manifest: Manifest, rows: Any) -> It
         positions = np.concatenate([np.arange(*manifest.shard_rows_range(i)) for i in pending] or [np.zeros(0, int)])
         part = rows.select(positions)
         lengths = np.asarray(part.with_format("arrow")["length"].to_numpy(zero_copy_only=False), dtype=np.int64)
-        need = estimated_bytes(manifest.signals, lengths, masked_counts(part) if manifest.signals.mlm_topk else None)
+        need = estimated_bytes(manifest.signals, lengths, masked_counts(part) if manifest.signals.mlm_topk else None,
+                               manifest.shard_rows)
         _, free = free_space(out)
         needs = (f"needs ~{fmt_bytes(need)} more for its {len(pending)} unfinished shard(s) of {manifest.n_shards} "
                  "(distillpipe plan's estimate of their bytes on disk)" if pending else
@@ -402,6 +436,19 @@ def disk_full_message(name: str, out: Path, manifest: Manifest, rows: Any) -> It
             f"run `dvc repro teacher_cache@{name}` again"
             + (f": its {len(done)} complete shard(s) are kept and only the others are computed" if done else "")
             ) from e
+
+
+def _write_constants(job: ShardJob, spec: SignalSpec, out: Path, inprocess: bool, client: Any) -> None:
+    names = constant_names(spec)
+    if names:
+        t0 = time.time()
+        log.info("computing the store's constants (%s) on %s", ", ".join(sorted({n.split("/")[1] for n in names})),
+                 "this process" if inprocess else "the cluster")
+        arrays, info = fit_job(job) if inprocess else client.submit(fit_job, job, pure=False).result()
+        log.info("constants: %.1f MiB in %.1f s", sum(a.nbytes for a in arrays.values()) / 2**20, time.time() - t0)
+    else:
+        arrays, info = {}, {}
+    store_constants.write_constants(out, arrays, info)
 
 
 class _Progress:

@@ -16,6 +16,12 @@ Mechanism: forward hooks, installed for one call and removed after it.
   BERT-Large layer's FLOPs at L=384, a few % on CPU where small batched matmuls are inefficient.
   Tests check the recomputed scores against a manual recomputation and ``output_attentions``
   of an eager run, which guards against a transformers change.
+* Compact forms (:mod:`distillpipe.compact`), computed on the device from the same hooks: with ``hidden_rank`` a
+  layer's pooled states become their coordinates in the store's subspace of that layer; with ``attn_rank`` a pooled
+  score map (or, for probabilities, the scores with each query's mean taken out) becomes its rank-r factors per head;
+  the embedding output is never returned (the store derives it from the teacher's tables), but the hook checks the
+  derived values against the teacher's own on every batch, so a teacher whose embedding layer computes anything
+  else is refused before a row is written. The subspaces and the derived layer come in ``constants``.
 * Task logits and MLM logits come from the heads. For MLM the head runs on the masked positions
   only: (B, M, V) instead of (B, L, V) logits.
 * Without task/MLM signals the forward stops after the deepest selected layer.
@@ -25,8 +31,9 @@ of encoder layer j, as in ``output_hidden_states[j]`` / ``output_attentions[j - 
 ``hidden/L0`` is the embedding output, avg-pooled (``embeddings`` is the same tensor unpooled).
 
 Masking and fill conventions (the store's fill values, :func:`distillpipe.store.schema.fill_value`):
-a row's signals do not depend on how much padding its batch has. ``hidden`` groups without a real token, ``embeddings``
-and ``start/end_logits`` at padding, ``attn_probs`` of padded queries and keys: 0.
+a row's signals do not depend on how much padding its batch has. ``hidden`` groups without a real token (and their
+coordinates), ``start/end_logits`` at padding, ``attn_probs`` of padded queries and keys, factors at padded positions:
+0.
 ``attn_scores``: max over real (query, key) pairs only; blocks without one are
 :data:`~distillpipe.pooling.SCORE_MASKED` (-inf); with p = 1 every padded query or key
 entry is -inf. MLM slots beyond a row's masked count: ``positions`` -1, ids/logits/logsumexp 0.
@@ -45,11 +52,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from distillpipe.pooling import avg_pool_seq, max_pool_scores, n_groups
+from distillpipe.compact import Constants, low_rank_factors, to_coords
+from distillpipe.pooling import avg_pool_seq, max_pool_scores, n_groups, pooled_mask
 from distillpipe.runtime import autocast
 from distillpipe.store.schema import (
     ATTN_PROBS,
     ATTN_SCORES,
+    CONSTANTS,
     EMBEDDINGS,
     END_LOGITS,
     HIDDEN,
@@ -63,12 +72,16 @@ from distillpipe.store.schema import (
     START_LOGITS,
     SignalSpec,
     array_group,
+    attn_factor_arrays,
     attn_probs_array,
     attn_scores_array,
+    dense_scores,
     fill_value,
     hidden_array,
     signal_arrays,
 )
+
+EMBEDDINGS_GROUP = f"{CONSTANTS}/{EMBEDDINGS}"
 
 
 class _StopForward(Exception):
@@ -145,6 +158,30 @@ def check_spec(model: nn.Module, spec: SignalSpec) -> None:
                          "teacher (distillpipe.teacher.cache.signal_spec)")
 
 
+def embedding_constants(model: nn.Module, pad_id: int) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """The teacher's embedding tables as the store keeps them (``constants/embeddings/*``, float32) and how they
+    combine (``eps``, the position rule, the pad id): what :class:`~distillpipe.compact.DerivedEmbeddings` needs.
+    BERT and ELECTRA count positions from 0, RoBERTa from ``pad_id + 1`` (its embedding module has a
+    ``padding_idx``). Refused for an embedding module of another structure; the capture's check on every batch
+    refuses any that computes something else."""
+    base, _ = _encoder_layers(model)
+    emb = base.embeddings
+    parts = {"word": "word_embeddings", "position": "position_embeddings", "token_type": "token_type_embeddings"}
+    if not all(isinstance(getattr(emb, a, None), nn.Embedding) for a in parts.values()) or not isinstance(
+            getattr(emb, "LayerNorm", None), nn.LayerNorm) or getattr(emb, "LayerNorm").weight is None:
+        raise ValueError(f"{type(emb).__name__}: the embedding output is derived from word, position and token-type "
+                         "tables and a LayerNorm, which this teacher's embedding module does not have; cache it "
+                         "without embeddings")
+    norm = emb.LayerNorm
+    tables = {name: getattr(emb, attr).weight for name, attr in parts.items()}
+    tables["norm_weight"] = norm.weight
+    tables["norm_bias"] = norm.bias if norm.bias is not None else torch.zeros_like(norm.weight)
+    arrays = {f"{EMBEDDINGS_GROUP}/{k}": v.detach().float().cpu().numpy().copy() for k, v in tables.items()}
+    positions = "after_padding" if getattr(emb, "padding_idx", None) is not None else "absolute"
+    pad = int(emb.padding_idx) if positions == "after_padding" else int(pad_id)
+    return arrays, {"eps": float(norm.eps), "positions": positions, "pad_id": pad}
+
+
 def _attention_scores(q: torch.Tensor, k: torch.Tensor, attn: nn.Module) -> torch.Tensor:
     """Pre-softmax scores of one self-attention module from its hooked projections (B, L, H*dh)."""
     B, L, _ = q.shape
@@ -168,11 +205,14 @@ def capture_batch(
     *,
     seq_len: int | None = None,
     max_masked: int | None = None,
+    constants: Constants | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run the teacher once on a collated ``batch`` (:func:`distillpipe.teacher.collate`) and return
     the signals ``spec`` selects (:func:`signal_names`), pooled and cast on the model's device (see the module
     docstring). ``spec`` is checked against the model (:func:`check_spec`); its ``max_seq_len`` and
-    ``mlm_max_masked`` do not pad anything by themselves.
+    ``mlm_max_masked`` do not pad anything by themselves. ``constants``: the store's subspaces and derived embedding
+    layer, needed when ``spec`` has a ``hidden_rank`` or the embeddings (:func:`embedding_constants`,
+    :func:`distillpipe.teacher.fit.fit_constants`); on the model's device.
 
     Sequence axes have the batch length L (pooled: ceil(L/p)) unless ``seq_len`` is given, and MLM
     axes the batch's M unless ``max_masked`` is: then they are padded with the fill values to the
@@ -182,6 +222,7 @@ def capture_batch(
     if model.training:  # raised, not asserted: must hold under python -O too (a seed repo cached a train-mode teacher)
         raise AssertionError("teacher must be in eval() mode: dropout would corrupt every cached signal")
     check_spec(model, spec)
+    _check_constants(spec, constants)
     base, layers = _encoder_layers(model)
     device = next(model.parameters()).device
     inputs = {k: batch[k].to(device, non_blocking=True) for k in ("input_ids", "token_type_ids", "attention_mask")}
@@ -189,7 +230,7 @@ def capture_batch(
     B, L = mask.shape
     p = spec.pool
     out: dict[str, torch.Tensor] = {}
-    handles = _install_hooks(base, layers, spec, mask, out)
+    handles = _install_hooks(base, layers, spec, inputs, out, constants)
     try:
         with torch.inference_mode(), autocast(device):
             if spec.mlm_topk:
@@ -215,18 +256,57 @@ def capture_batch(
     return out
 
 
-def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, mask: torch.Tensor,
-                   out: dict[str, torch.Tensor]) -> list:
-    p = spec.pool
+def _check_constants(spec: SignalSpec, constants: Constants | None) -> None:
+    have = constants.subspaces if constants is not None else {}
+    missing = [j for j in spec.hidden_layers if spec.hidden_rank and j not in have]
+    if missing:
+        raise ValueError(f"hidden_rank={spec.hidden_rank}: the subspaces of layers {missing} are missing from the "
+                         "constants (fit them first: distillpipe.teacher.fit.fit_constants)")
+    if spec.embedding_size and (constants is None or constants.embeddings is None):
+        raise ValueError("the embeddings are derived from the teacher's tables: pass constants with them "
+                         "(distillpipe.teacher.capture.embedding_constants)")
+    for j, (mean, basis) in (constants.subspaces.items() if constants is not None and spec.hidden_rank else ()):
+        if basis.shape != (spec.hidden_size, spec.hidden_rank) or mean.shape != (spec.hidden_size,):
+            raise ValueError(f"the subspace of layer {j} has a basis {tuple(basis.shape)} and a mean "
+                             f"{tuple(mean.shape)}; the spec needs ({spec.hidden_size}, {spec.hidden_rank})")
+
+
+EMBEDDING_RTOL = 2.0**-10
+"""How far a derived embedding output may be from the teacher's own (relative, plus the same absolutely): twice
+float16's rounding, the precision the output was stored at before it was derived."""
+
+
+def check_derived_embeddings(captured: torch.Tensor, derived: torch.Tensor, mask: torch.Tensor) -> None:
+    """Raise ValueError unless the derived embedding output equals the teacher's own (B, L, e) on the real tokens,
+    within :data:`EMBEDDING_RTOL`: the store keeps the tables, not the rows, so they must compute what the teacher
+    computes."""
+    h = captured.float().masked_fill(~mask[..., None], 0.0)
+    err = (derived.float() - h).abs() - EMBEDDING_RTOL * (1.0 + h.abs())
+    if bool((err > 0).any()):
+        worst = float((derived.float() - h).abs().max())
+        raise ValueError(f"the embedding output derived from the teacher's tables differs from the teacher's own by "
+                         f"up to {worst:.3g}: this teacher's embedding layer computes something else than "
+                         "LayerNorm(word + position + token type); cache it without embeddings")
+
+
+def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, inputs: Mapping[str, torch.Tensor],
+                   out: dict[str, torch.Tensor], constants: Constants | None) -> list:
+    p, r = spec.pool, spec.attn_rank
+    mask = inputs["attention_mask"].bool()
     handles = []
 
     def on_hidden(j: int) -> Callable:
         def hook(module, args, output):
             h = _last_output(output)  # (B, L, d)
             if j == 0 and spec.embedding_size:
-                out[EMBEDDINGS] = h.masked_fill(~mask[..., None], 0.0).half()
+                derived = constants.embeddings(inputs["input_ids"], inputs["token_type_ids"], mask)
+                check_derived_embeddings(h, derived, mask)
             if j in spec.hidden_layers:
-                out[hidden_array(j)] = avg_pool_seq(h.float(), mask, p)[0].half()
+                pooled = avg_pool_seq(h.float(), mask, p)[0]  # (B, n, d)
+                if spec.hidden_rank:
+                    mean, basis = constants.subspaces[j]
+                    pooled = to_coords(pooled, mean, basis, pooled_mask(mask, p))  # (B, n, r)
+                out[hidden_array(j)] = pooled.half()
         return hook
 
     def on_projection(j: int, which: str, stash: dict, attn: nn.Module) -> Callable:
@@ -234,11 +314,21 @@ def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, mas
             stash[which] = output
             if len(stash) == 2:  # query and key both seen, in whatever order the module runs them
                 scores = _attention_scores(stash.pop("q"), stash.pop("k"), attn)
-                if j in spec.attn_probs_layers:
+                if j in spec.attn_probs_layers and r:
+                    left, right = low_rank_factors(scores, mask, r, center_rows=True)
+                    for name, f in zip(attn_factor_arrays(attn_probs_array(j)), (left, right)):
+                        out[name] = f.half()
+                elif j in spec.attn_probs_layers:
                     probs = torch.softmax(scores.float().masked_fill(~mask[:, None, None, :], float("-inf")), dim=-1)
                     out[attn_probs_array(j)] = probs.masked_fill_(~mask[:, None, :, None], 0.0).half()
                 if j in spec.attn_layers:
-                    out[attn_scores_array(j)] = max_pool_scores(scores, mask, p, inplace=True)[0].half()
+                    pooled = max_pool_scores(scores, mask, p, inplace=True)[0]  # (B, H, n, n)
+                    if r:
+                        left, right = low_rank_factors(pooled, pooled_mask(mask, p), r)
+                        for name, f in zip(attn_factor_arrays(attn_scores_array(j)), (left, right)):
+                            out[name] = f.half()
+                    else:
+                        out[attn_scores_array(j)] = pooled.half()
         return hook
 
     try:
@@ -298,14 +388,16 @@ def _pad_to(name: str, t: torch.Tensor, seq_len: int, max_masked: int | None, p:
     group = array_group(name)
     if name in (START_LOGITS, END_LOGITS):
         target = [L]
-    elif name == EMBEDDINGS:
-        target = [L, shape[1]]
     elif group == HIDDEN:
         target = [n, shape[1]]
-    elif group == ATTN_SCORES:
+    elif dense_scores(name):
         target = [shape[0], n, n]
-    elif group == ATTN_PROBS:
+    elif group == ATTN_SCORES:  # factors (H, r, n)
+        target = [shape[0], shape[1], n]
+    elif group == ATTN_PROBS and name.count("/") == 1:
         target = [shape[0], L, L]
+    elif group == ATTN_PROBS:  # factors (H, r, L)
+        target = [shape[0], shape[1], L]
     elif group == MLM and max_masked is not None:
         target = [max_masked, *shape[1:]]
     else:
@@ -336,7 +428,7 @@ def to_host(signals: Mapping[str, torch.Tensor], *, check: bool = True) -> dict[
     for name, a in arrays.items() if check else ():
         if a.dtype.kind != "f":
             continue
-        bad = (np.isnan(a) | np.isposinf(a)) if array_group(name) == ATTN_SCORES else ~np.isfinite(a)
+        bad = (np.isnan(a) | np.isposinf(a)) if dense_scores(name) else ~np.isfinite(a)
         if bad.any():
             raise ValueError(f"captured {name} holds {int(bad.sum())} nan/inf values (float16 overflow or a "
                              "broken teacher); no row of this batch was written")
@@ -348,4 +440,5 @@ def signal_names(spec: SignalSpec) -> list[str]:
     return signal_arrays(spec)
 
 
-__all__ = ["capture_batch", "check_spec", "fill_value", "signal_names", "teacher_head", "to_host"]
+__all__ = ["capture_batch", "check_derived_embeddings", "check_spec", "embedding_constants", "fill_value",
+           "signal_names", "teacher_head", "to_host"]

@@ -21,7 +21,7 @@ from distillpipe.store.schema import (
     ATTN_PROBS,
     ATTN_SCORES,
     CODECS,
-    EMBEDDINGS,
+    EMBEDDING_CONSTANTS,
     END_LOGITS,
     HIDDEN,
     MLM,
@@ -30,7 +30,9 @@ from distillpipe.store.schema import (
     SignalSpec,
     array_group,
     array_layout,
+    dense_scores,
     stored_layout,
+    subspace_arrays,
 )
 
 COMPRESSION = {MLM: 0.66}
@@ -40,6 +42,9 @@ MLM head, 512 rows: logits 0.59, ids 0.72, positions 0.53, logsumexp 0.71; zstd 
 (float16 activations barely compress)."""
 SCORE_SCALES = "attn_scores scales"
 """Occupancy key of the float16 scales of int8 attention scores: one per (head, query) row."""
+FACTORS = "factors"
+"""Occupancy key of the low-rank factors of attention maps: a value per real position (of the pooled length for
+scores, the token length for probabilities)."""
 
 
 @dataclass(frozen=True)
@@ -64,30 +69,33 @@ class ArrayPlan:
         return self.row_bytes * self.occupancy * self.compression + self.overhead
 
 
-def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray | None) -> list[ArrayPlan]:
-    """The store's arrays as stored (:func:`~distillpipe.store.schema.stored_layout`) with the share of each row
-    that holds real values, from the rows' token counts ``lengths`` (n,) and masked positions ``masked`` (n,) (None:
-    unknown, every position counts as real)."""
+def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray | None,
+                shard_rows: int = 1024) -> list[ArrayPlan]:
+    """The store's arrays as stored (:func:`~distillpipe.store.schema.stored_layout`, chunked as in shards of
+    ``shard_rows``) with the share of each row that holds real values, from the rows' token counts ``lengths`` (n,)
+    and masked positions ``masked`` (n,) (None: unknown, every position counts as real)."""
     L, Lp, p = spec.max_seq_len, spec.pooled_len, spec.pool
     occupancy: dict[str, float] = {}
     if lengths is not None and lengths.size:
         n = lengths.astype(np.float64)
         groups = np.ceil(n / p)
         occupancy = {HIDDEN: groups.mean() / Lp, ATTN_SCORES: (groups**2).mean() / Lp**2,
-                     ATTN_PROBS: (n**2).mean() / L**2, EMBEDDINGS: n.mean() / L, START_LOGITS: n.mean() / L,
-                     END_LOGITS: n.mean() / L}
+                     ATTN_PROBS: (n**2).mean() / L**2, START_LOGITS: n.mean() / L, END_LOGITS: n.mean() / L,
+                     (FACTORS, ATTN_SCORES): groups.mean() / Lp, (FACTORS, ATTN_PROBS): n.mean() / L}
         occupancy[SCORE_SCALES] = groups.mean() / Lp  # a scale per (head, query) row: real query rows
         if masked is not None and spec.mlm_max_masked:
             occupancy[MLM] = masked.mean() / spec.mlm_max_masked
-    scales = {e.scale for name, e in spec.encodings().items() if array_group(name) == ATTN_SCORES}
+    scales = {e.scale for name, e in spec.encodings().items() if dense_scores(name)}
     plans = []
-    for a in stored_layout(spec, 0, 1):
-        occ = float(occupancy.get(SCORE_SCALES if a.name in scales else array_group(a.name), 1.0))
+    for a in stored_layout(spec, 0, shard_rows):
+        factor = a.name.split(".")[0].endswith(("/left", "/right"))
+        key = (SCORE_SCALES if a.name in scales else None if factor and a.name.endswith(".scale")  # (head, component)
+               else (FACTORS, array_group(a.name)) if factor else array_group(a.name))
+        occ = float(occupancy.get(key, 1.0))
         chunks_a_row = math.prod(a.row_shape) / math.prod(a.chunks[1:]) / a.chunks[0]
         stored = chunks_a_row
         if a.codec == RAW and lengths is not None and lengths.size:  # whole blocks of positions are stored
-            n = lengths.astype(np.float64)
-            real = n if array_group(a.name) == EMBEDDINGS else np.ceil(n / p)
+            real = np.ceil(lengths.astype(np.float64) / p)  # hidden states: pooled positions
             block, positions = a.chunks[1], a.row_shape[0]
             occ = float(np.minimum(np.ceil(real / block) * block, positions).mean() / positions)
             stored = chunks_a_row * occ
@@ -97,16 +105,30 @@ def array_plans(spec: SignalSpec, lengths: np.ndarray | None, masked: np.ndarray
     return plans
 
 
+def constant_shapes(spec: SignalSpec, config: dict) -> dict[str, tuple[int, ...]]:
+    """The shape of each constant a store of ``spec`` holds (float32), for a teacher of BERT-architecture
+    ``config`` (config.json): the subspaces' means (d,) and bases (d, r), the embedding tables."""
+    d, e = spec.hidden_size, spec.embedding_size
+    out: dict[str, tuple[int, ...]] = {}
+    for j in spec.hidden_layers if spec.hidden_rank else ():
+        mean, basis = subspace_arrays(j)
+        out[mean], out[basis] = (d,), (d, spec.hidden_rank)
+    if e:
+        rows = (int(config["vocab_size"]), int(config["max_position_embeddings"]), int(config["type_vocab_size"]))
+        out.update(zip(EMBEDDING_CONSTANTS, [(n, e) for n in rows] + [(e,), (e,)]))
+    return out
+
+
 def float16_row_bytes(spec: SignalSpec) -> int:
     """Uncompressed bytes a row of every array as computed and read (float16 whatever the precision: what a shard
     writer holds before it encodes, :func:`~distillpipe.store.schema.array_layout`)."""
     return sum(a.row_nbytes for a in array_layout(spec, 0, 1))
 
 
-def estimated_bytes(spec: SignalSpec, lengths: np.ndarray, masked: np.ndarray | None) -> float:
+def estimated_bytes(spec: SignalSpec, lengths: np.ndarray, masked: np.ndarray | None, shard_rows: int) -> float:
     """Estimated bytes on disk of the data files of the rows whose token counts are ``lengths`` (and masked positions
     ``masked``), as ``distillpipe plan`` estimates a store's."""
-    return len(lengths) * sum(a.est_row_bytes for a in array_plans(spec, lengths, masked))
+    return len(lengths) * sum(a.est_row_bytes for a in array_plans(spec, lengths, masked, shard_rows))
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -19,8 +19,12 @@ For every ``teacher_cache.datasets`` item, from params.yaml and whatever inputs 
 * **reading it back**, from the benchmark JSON too: a student on the GPU box reads the cache at min(disk read bytes/s,
   cores left / loader CPU s a byte) / bytes on disk a row; where the teacher run live (GPU FLOP/s / FLOPs a row) is
   faster, a warning says so with both rates.
+* **constants**: what the store holds once (the subspaces' means and bases, the teacher's embedding tables, float32:
+  :func:`~distillpipe.teacher.estimate.constant_shapes`), in the totals; where a store already exists, each
+  subspace's variance kept and the spectrum of its fit (``constants.json``).
 * **files**: per shard one data file per array (at most: a shard whose every inner chunk is the fill value writes
-  none) and one marker ``shards_done/<i>.json``, plus a ``zarr.json`` for the root, every group and every array.
+  none) and one marker ``shards_done/<i>.json``, plus a ``zarr.json`` for the root, every group and every array,
+  and for the constants a ``zarr.json`` and at most one chunk file each, and ``constants.json``.
 * **memory per worker** = 2 x (one shard of every array, uncompressed, float16) + 4 bytes x the teacher's parameters
   (fp32): a shard is held twice while written (the float16 arrays, and their encoded files, with the int8 codes of a
   compressed precision, at most the float16 bytes again: :func:`distillpipe.store.writer.write_shard`).
@@ -45,11 +49,12 @@ import numpy as np
 from distillpipe.config.base import load_section
 from distillpipe.config.teacher_cache import TeacherCacheConfig, TeacherCacheDatasetConfig
 from distillpipe.config.tokenize import TokenizeConfig
+from distillpipe.store import constants as store_constants
 from distillpipe.store.schema import SignalSpec
 from distillpipe.store.shards import tree_bytes
 from distillpipe.teacher.bench import Bench, cached_vs_live, load_bench, throughput
 from distillpipe.teacher.cache import TeacherCacheError, TeacherSizes, spec_for
-from distillpipe.teacher.estimate import ArrayPlan, array_plans, float16_row_bytes, fmt_bytes
+from distillpipe.teacher.estimate import ArrayPlan, array_plans, constant_shapes, float16_row_bytes, fmt_bytes
 from distillpipe.teacher.rows import Rows, count_rows
 
 log = logging.getLogger(__name__)
@@ -145,6 +150,10 @@ class ItemPlan:
     teacher_params: int | None = None
     flops_per_row: float | None = None
     rates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    constants: dict[str, int] = field(default_factory=dict)
+    """Bytes of each constant the store holds once (float32)."""
+    fit: dict[str, Any] | None = None
+    """The subspace fit of the store already built (``constants.json``'s ``info.hidden``): variance kept, spectrum."""
     reading: dict[str, Any] | None = None
     """On the GPU box: a student's epoch from this cache against the teacher run live (bench.cached_vs_live)."""
     """``here`` / ``gpu``: {rows_per_s, seconds (None: rows unknown), bound}."""
@@ -166,13 +175,17 @@ class ItemPlan:
 
     @property
     def nbytes(self) -> int | None:
-        """Uncompressed bytes of every array: exact."""
-        return None if self.rows.n is None or not self.spec else self.rows.n * self.row_bytes
+        """Uncompressed bytes of every array, the constants included: exact."""
+        if self.rows.n is None or not self.spec:
+            return None
+        return self.rows.n * self.row_bytes + sum(self.constants.values())
 
     @property
     def est_bytes(self) -> float | None:
-        """Estimated bytes of the data files on disk."""
-        return None if self.rows.n is None or not self.spec else self.rows.n * self.est_row_bytes
+        """Estimated bytes of the data files on disk (constants: as they are, float32 weights do not compress)."""
+        if self.rows.n is None or not self.spec:
+            return None
+        return self.rows.n * self.est_row_bytes + sum(self.constants.values())
 
     @property
     def group_row_bytes(self) -> dict[str, int]:
@@ -186,9 +199,11 @@ class ItemPlan:
         """Files in the store: ``data`` (at most; see the module docstring), ``markers``, ``metadata``, ``total``."""
         if self.n_shards is None or not self.spec:
             return None
-        groups = {"/".join(a.name.split("/")[:k]) for a in self.arrays for k in range(1, a.name.count("/") + 1)}
-        out = {"data": len(self.arrays) * self.n_shards, "markers": self.n_shards,
-               "metadata": 1 + len(groups) + len(self.arrays)}
+        names = [a.name for a in self.arrays] + list(self.constants)
+        groups = {"/".join(n.split("/")[:k]) for n in names for k in range(1, n.count("/") + 1)}
+        out = {"data": len(self.arrays) * self.n_shards + len(self.constants),
+               "markers": self.n_shards + 1,  # shards_done/<i>.json, constants.json
+               "metadata": 1 + len(groups) + len(names)}
         return {**out, "total": sum(out.values())}
 
     @property
@@ -211,7 +226,7 @@ class ItemPlan:
             "bytes": self.nbytes, "est_bytes": self.est_bytes, "shard_rows": self.shard_rows,
             "shards": self.n_shards, "files": self.files, "teacher_params": self.teacher_params,
             "memory_bytes": self.memory_bytes, "flops_per_row": self.flops_per_row, "rates": self.rates,
-            "reading": self.reading,
+            "reading": self.reading, "constants": self.constants, "fit": self.fit,
             "notes": self.notes, "problems": self.problems,
         }
 
@@ -255,7 +270,16 @@ def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokeni
     deepest = max((*s.hidden_layers, *s.attn_layers), default=0)
     if deepest > n_layers:
         item.problems.append(f"signals name layer {deepest}, the teacher has {n_layers} layers")
-    item.arrays = array_plans(item.spec, rows.lengths, rows.masked)
+    item.arrays = array_plans(item.spec, rows.lengths, rows.masked, shard_rows)
+    try:
+        item.constants = {n: 4 * int(np.prod(shape)) for n, shape in constant_shapes(item.spec, config).items()}
+    except KeyError as e:
+        item.notes.append(f"{config_path} has no {e.args[0]!r}: the embedding tables' size is unknown")
+    if item.spec.hidden_rank:
+        item.notes.append(f"the subspace fit runs the teacher over {item.spec.hidden_fit_rows:,} more rows first (up "
+                          f"to layer {max(item.spec.hidden_layers)})")
+        built = store_constants.read_marker(root / "data" / "teacher" / f"{name}.zarr")
+        item.fit = (built or {}).get("info", {}).get("hidden")
     if rows.lengths is None:
         item.notes.append("no tokens: padding unknown, so the on-disk estimate counts every position as real (high "
                           "for rows shorter than L)")
@@ -355,7 +379,8 @@ def plan_caches(params: Path, root: Path, bench_path: Path) -> Plan:
             plan.warnings.append(
                 f"{i.name}: on the GPU box the live teacher ({r['live_rows_per_s']:,.0f} rows/s) is faster than a "
                 f"student reading this cache ({r['cached_rows_per_s']:,.0f} rows/s, {r['cached_bound']}-bound): for "
-                "these signals, distil from the live teacher, or store them int8 or on a faster disk")
+                "these signals, distil from the live teacher, or store them compact (hidden_rank, attn_rank, int8: "
+                "docs/precision.md) or on a faster disk")
     # the items whose size is known: with one unknown, the stores need more than that
     est = sum(i.est_bytes for i in items if i.est_bytes is not None)
     upper = sum(i.nbytes for i in items if i.nbytes is not None)

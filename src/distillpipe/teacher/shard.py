@@ -22,6 +22,7 @@ from collections.abc import Iterator, MutableMapping
 import numpy as np
 import torch
 
+from distillpipe.compact import Constants
 from distillpipe.store.schema import ROW_INDEX, SignalSpec
 from distillpipe.teacher.batching import TokenColumns, length_buckets
 from distillpipe.teacher.capture import capture_batch, to_host
@@ -74,12 +75,13 @@ class ShardArrays(MutableMapping):
 
 
 def compute_shard(model: torch.nn.Module, rows, start: int, stop: int, spec: SignalSpec, batch_size: int,
-                  pad_id: int) -> ShardArrays:
+                  pad_id: int, constants: Constants | None = None) -> ShardArrays:
     """The teacher signals of rows [start, stop) of ``rows`` (a tokens ``Dataset``), in row order.
 
     Rows are length-bucketed into batches (little padding), captured and copied to host; sequence axes are
     padded to the store's shapes with the fill values. Each array is put back in dataset order when it is read
-    (:class:`ShardArrays`). nan/inf are refused by the writer, which checks every array it stores.
+    (:class:`ShardArrays`). nan/inf are refused by the writer, which checks every array it stores. ``constants``: the
+    store's subspaces and derived embedding layer, on the model's device (:mod:`distillpipe.store.constants`).
     """
     columns = TokenColumns(rows, start, stop)
     out = ShardArrays(stop - start)
@@ -87,7 +89,8 @@ def compute_shard(model: torch.nn.Module, rows, start: int, stop: int, spec: Sig
     buckets = length_buckets(columns.lengths, batch_size)
     batch = columns.collate(buckets[0], pad_id) if buckets else None
     for k, idx in enumerate(buckets):
-        signals = capture_batch(model, batch, spec, seq_len=spec.max_seq_len, max_masked=spec.mlm_max_masked or None)
+        signals = capture_batch(model, batch, spec, seq_len=spec.max_seq_len, max_masked=spec.mlm_max_masked or None,
+                                constants=constants)
         # on a GPU the capture is only queued here: cut the next batch while it runs, then wait for its copy
         batch = columns.collate(buckets[k + 1], pad_id) if k + 1 < len(buckets) else None
         out.add(np.asarray(idx), to_host(signals, check=False))

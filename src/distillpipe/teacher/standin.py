@@ -5,9 +5,10 @@ that tells anything about the rest of the path. :class:`StandInBert` has the str
 (:mod:`distillpipe.teacher.capture`) rely on: ``base_model.embeddings``, ``encoder.layer[i]`` with
 ``attention.self.query`` and ``key`` (``nn.Linear`` instances), a task or MLM head, a transformers-like
 ``config`` and a class name that names its head. Every module returns a slice of a fixed random tensor of
-its output shape instead of computing: the hooks fire in the same order with the same shapes, and what
-comes after them is the real code: the scores recomputed from the hooked projections, pooling, the MLM
-top-k, the host copy and checks, the shard assembly, encoding, files, markers and manifest.
+its output shape instead of computing (but the embedding layer, a real one with random tables: a lookup and a
+LayerNorm): the hooks fire in the same order with the same shapes, and what comes after them is the real code: the
+scores recomputed from the hooked projections, pooling, the compact forms, the MLM top-k, the host copy and checks,
+the shard assembly, encoding, files, markers and manifest.
 
 What it is not: a teacher. Its values are random normals (hidden states, projections, logits), so their
 compression ratio differs from real activations' (``benchmarks/at_scale.py`` measures real MiniLM outputs
@@ -61,12 +62,24 @@ class FreeLinear(nn.Linear):
 
 
 class _Embeddings(nn.Module):
-    def __init__(self, bank: _Bank):
+    """A real BERT embedding layer with random tables (``LayerNorm(word + position + token type)``, as BertEmbeddings
+    in ``eval()``): its output is a function of the input ids, which a store derives from the tables instead of
+    storing it (:class:`distillpipe.compact.DerivedEmbeddings`), so the capture's check of the derived values runs
+    on the stand-in too. A lookup and a LayerNorm: next to nothing beside a BERT-Large forward."""
+
+    def __init__(self, vocab: int, positions: int, d: int, seed: int):
         super().__init__()
-        self.bank = bank
+        torch.manual_seed(seed)
+        self.word_embeddings = nn.Embedding(vocab, d)
+        self.position_embeddings = nn.Embedding(positions, d)
+        self.token_type_embeddings = nn.Embedding(2, d)
+        self.LayerNorm = nn.LayerNorm(d, eps=1e-12)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.bank.take(*input_ids.shape)  # (B, L, d)
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(pos)
+                              + self.token_type_embeddings(types))  # (B, L, d)
 
 
 class _Layer(nn.Module):
@@ -96,8 +109,8 @@ class _Encoder(nn.Module):
 class _Base(nn.Module):
     def __init__(self, embeddings: _Embeddings, encoder: _Encoder):
         super().__init__()
-        self.embeddings, self.encoder = embeddings, encoder
         self.anchor = nn.Parameter(torch.zeros(1))  # the device and dtype the capture reads off the parameters
+        self.embeddings, self.encoder = embeddings, encoder
         self.config: SimpleNamespace | None = None
 
     @property
@@ -121,7 +134,7 @@ class StandInBert(nn.Module):
         self.head = head
         qk, hidden = _Bank(b, n, d, seed=1), _Bank(b, n, d, seed=2)
         layers = [_Layer(d, config.num_attention_heads, qk, hidden) for _ in range(config.num_hidden_layers)]
-        self.bert = _Base(_Embeddings(_Bank(b, n, d, seed=3)), _Encoder(layers))
+        self.bert = _Base(_Embeddings(config.vocab_size, n, d, seed=3), _Encoder(layers))
         if head == "mlm":
             self.cls = FreeLinear(d, config.vocab_size, _Bank(b, max(1, max_masked), config.vocab_size, seed=4))
         elif head in ("classification", "qa"):

@@ -277,6 +277,8 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
                                  f"({extra.info.kind} vs {source.info.kind}; compare their teacher_cache signals)")
         sources.append(extra)
         stores["augment"] = extra.loader.dataset.store()
+    for s in sources:
+        s.to(dev)
     data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]
     probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True,

@@ -26,12 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from distillpipe.compact import Constants
 from distillpipe.data.collate import TrainDataError
 from distillpipe.data.schema import read_meta
+from distillpipe.store import constants as store_constants
 from distillpipe.store.loader import BlockLoader
 from distillpipe.store.reader import open_store
-from distillpipe.store.schema import SignalSpec
+from distillpipe.store.schema import EMBEDDINGS, SignalSpec, constant_names, subspace_arrays
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,29 @@ class Source:
             raise TrainDataError(f"{name}: {e}") from None
         self.columns = _columns(self.info.kind, self.rows.column_names)
         self._cols = self.rows.select_columns(self.columns)
+        signals = self.info.signals
+        self.constants: Constants | None = store_constants.load(store_path, signals) if constant_names(signals) \
+            else None
+        """The store's subspaces and derived embedding layer (checked against its constants marker), moved to the
+        training device by :meth:`to`."""
+
+    def to(self, device: torch.device) -> Source:
+        if self.constants is not None:
+            self.constants = self.constants.to(device)
+        return self
+
+    def complete(self, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]) -> None:
+        """Add to a collated batch's ``targets`` (on the device) what this source's cache derives rather than stores:
+        each layer's subspace under its constant names, and the embedding output (:mod:`distillpipe.compact`)."""
+        c = self.constants
+        if c is None:
+            return
+        for j, pair in c.subspaces.items():
+            targets.update(zip(subspace_arrays(j), pair))
+        if c.embeddings is not None:
+            with torch.no_grad():
+                targets[EMBEDDINGS] = c.embeddings(batch["input_ids"], batch["token_type_ids"],
+                                                   batch["attention_mask"])
 
     def batches(self) -> Iterator[tuple[dict, dict]]:
         for row_index, arrays in self.loader:

@@ -108,6 +108,7 @@ def train_step(r: TrainingRun, source: Source, rows: dict, arrays: dict) -> dict
                              pairs=r.pairs, pool=source.info.signals.pool, bin_width=task.bin_width)
     batch = {k: v.to(r.device, non_blocking=True) for k, v in batch.items()}
     targets = {k: v.to(r.device, non_blocking=True) for k, v in targets.items()}
+    source.complete(batch, targets)
     lr = opt.lr * r.schedule.lr_factor(r.step)
     for g in r.optimizer.param_groups:
         g["lr"] = lr

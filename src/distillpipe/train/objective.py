@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from distillpipe.config.run import ObjectiveConfig
-from distillpipe.store.schema import LENGTH, SignalSpec
+from distillpipe.store.schema import LENGTH, SignalSpec, signal_parts
 from distillpipe.students.base import StudentOutput
 from distillpipe.train.terms import (
     BY_NAME,
@@ -63,12 +63,14 @@ def embedding_stage(cfg: ObjectiveConfig) -> bool:
 
 
 def store_names(cfg: ObjectiveConfig, kind: str, signals: SignalSpec) -> list[str]:
-    """The teacher-cache arrays this objective reads (checked against the store by the caller)."""
+    """The teacher-cache arrays this objective reads, in the cache's stored forms (checked against the store by the
+    caller): a signal's own array, its factors, or none when it is derived (the embeddings)."""
     names = [LENGTH]
     aligned = [t for t in cfg.layer_map if t >= 0]
     for term in TERMS:
         if _weight(cfg, term.name):
-            names += [a for t in aligned for a in term.reads(t)] if term.scope == "layer" else term.reads(kind)
+            read = [a for t in aligned for a in term.reads(t)] if term.scope == "layer" else term.reads(kind)
+            names += [part for a in read for part in signal_parts(signals, a)]
     return list(dict.fromkeys(names))
 
 
@@ -76,7 +78,7 @@ class Objective(nn.Module):
     def __init__(self, cfg: ObjectiveConfig, *, kind: str, signals: SignalSpec, dims: StudentDims):
         super().__init__()
         check_names(cfg, "objective")
-        self.cfg, self.kind, self.pool = cfg, kind, signals.pool
+        self.cfg, self.kind, self.signals, self.pool = cfg, kind, signals, signals.pool
         self.layers = [(j, t) for j, t in enumerate(cfg.layer_map) if t >= 0]
         weighted = [term for term in TERMS if _weight(cfg, term.name)]
         setup = Setup(kind, signals, dims, self.layers)
@@ -118,8 +120,8 @@ class Objective(nn.Module):
         """(weighted total, {term: unweighted value}) for the terms whose effective weight is non-zero."""
         parts: dict[str, torch.Tensor] = {}
         total = None
-        step = Step(out, targets, targets["attention_mask"], temperature, self.kind, self.pool, self.cfg.hidden_loss,
-                    self.hidden_proj, self.embed_proj)
+        step = Step(out, targets, targets["attention_mask"], temperature, self.kind, self.signals,
+                    self.cfg.hidden_loss, self.hidden_proj, self.embed_proj)
         for term in self.terms():
             name, _, block = term.partition("/")
             w = _weight(self.cfg, name) * multipliers[term]  # a term the schedule lacks is a bug

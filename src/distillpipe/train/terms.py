@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from distillpipe import losses
+from distillpipe.compact import probs_from_factors, scores_from_factors
 from distillpipe.config.run import ObjectiveConfig
 from distillpipe.data.collate import IGNORE
 from distillpipe.errors import UserError
@@ -39,10 +40,12 @@ from distillpipe.store.schema import (
     MLM_TOPK_LOGITS,
     START_LOGITS,
     SignalSpec,
+    attn_factor_arrays,
     attn_probs_array,
     attn_scores_array,
     hidden_array,
     logit_arrays,
+    subspace_arrays,
 )
 from distillpipe.students.base import StudentOutput
 
@@ -82,13 +85,14 @@ class Step:
 
     out: StudentOutput
     targets: Mapping[str, torch.Tensor]
-    """The batch's ground truth and cached teacher arrays (by store array name)."""
+    """The batch's ground truth, cached teacher arrays (by store array name), and what the source derives for it
+    (:meth:`distillpipe.train.data.Source.complete`: the embedding output, the subspaces by their constant names)."""
     mask: torch.Tensor
     """(B, T) bool: real tokens."""
     temperature: float
     kind: str
-    pool: int
-    """The cache's pooling p of layer signals."""
+    signals: SignalSpec
+    """The cache's signal spec: its pooling p of layer signals and the compact forms its arrays are in."""
     hidden_loss: str
     hidden_proj: nn.Module | None
     """WaLDORf eq. (2): W_h, shared by every aligned layer (the objective owns the learned projections)."""
@@ -187,15 +191,19 @@ def _check_lm(x: Setup) -> None:
 def _layer_masks(s: Step) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(validity at the student's resolution (B, ceil(T/stride)), validity of the teacher's pooled positions
     (B, ceil(T/p)), the pooling still to apply to the student's layer outputs)."""
-    stride = s.out.hidden_stride
-    return pooled_mask(s.mask, stride), pooled_mask(s.mask, s.pool), s.pool // stride
+    stride, p = s.out.hidden_stride, s.signals.pool
+    return pooled_mask(s.mask, stride), pooled_mask(s.mask, p), p // stride
 
 
 def _hidden(s: Step, j: int, t: int) -> torch.Tensor:
     s_mask, valid, f = _layer_masks(s)
-    h = losses.pool_student_hidden(s.out.hidden[j], s_mask, f)  # (B, ceil(T/p), d_s)
+    h = s.hidden_proj(losses.pool_student_hidden(s.out.hidden[j], s_mask, f))  # (B, ceil(T/p), d)
+    if s.signals.hidden_rank:  # the cache holds coordinates in the layer's principal subspace
+        mean, basis = (s.targets[a] for a in subspace_arrays(t))
+        fn = losses.subspace_mse if s.hidden_loss == "mse" else losses.subspace_cosine
+        return fn(h, s.targets[hidden_array(t)], mean, basis, valid)
     fn = losses.hidden_mse if s.hidden_loss == "mse" else losses.hidden_cosine
-    return fn(s.hidden_proj(h), s.targets[hidden_array(t)], valid)
+    return fn(h, s.targets[hidden_array(t)], valid)
 
 
 def _check_hidden(x: Setup) -> None:
@@ -207,7 +215,10 @@ def _check_hidden(x: Setup) -> None:
 def _attn(s: Step, j: int, t: int) -> torch.Tensor:
     s_mask, valid, f = _layer_masks(s)
     scores = losses.pool_student_scores(s.out.attn_scores[j], s_mask, f)  # (B, H, ceil(T/p), ceil(T/p))
-    return losses.attn_score_mse(scores, s.targets[attn_scores_array(t)], valid)
+    name = attn_scores_array(t)
+    target = scores_from_factors(*(s.targets[a] for a in attn_factor_arrays(name))) if s.signals.attn_rank \
+        else s.targets[name]
+    return losses.attn_score_mse(scores, target, valid)
 
 
 def _check_heads(x: Setup, what: str, loss: str) -> None:
@@ -225,7 +236,12 @@ def _check_attn(x: Setup) -> None:
 
 def _attn_kl(s: Step, j: int, t: int) -> torch.Tensor:
     # MiniALBERT eq. (7): token level, per head, KL(teacher || student)
-    return losses.attn_kl(s.out.attn_scores[j], s.targets[attn_probs_array(t)], s.mask)
+    name = attn_probs_array(t)
+    if s.signals.attn_rank:  # the softmax of the cached factors' (row-centred) scores
+        target = probs_from_factors(*(s.targets[a] for a in attn_factor_arrays(name)), s.mask)
+    else:
+        target = s.targets[name]
+    return losses.attn_kl(s.out.attn_scores[j], target, s.mask)
 
 
 def _check_attn_kl(x: Setup) -> None:
@@ -250,6 +266,9 @@ def _embedding(s: Step) -> torch.Tensor:
 def _check_embedding(x: Setup) -> None:
     if not x.dims.embedding:
         raise ObjectiveError("loss_weights.embedding is set but this student exposes no embeddings")
+    if not x.signals.embedding_size:
+        raise ObjectiveError("loss_weights.embedding reads the teacher's embedding output, which the cache does not "
+                             "keep: set embeddings: true in its teacher_cache signals")
 
 
 # ------------------------------------------------------------------------------------------------
