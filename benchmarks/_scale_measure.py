@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from _scale_sets import ARGS, BATCH, SignalSet, make_teacher, new_store
+from _scale_sets import ARGS, BATCH, SignalSet, make_teacher, new_store, set_constants
 
 import distillpipe.store.writer as writer_mod
 import distillpipe.teacher.shard as shard_mod
@@ -49,12 +49,13 @@ STEP_NAMES = {
     "to_host": "host copy + nan/inf checks",
     "assemble": "shard assembly (row order, padding)",
     "checks": "writer: shape/range checks, casts",
+    "quantize": "writer: int8 codes and scales",
     "encode": "writer: encode (frames, lz4, crc32c)",
     "publish": "writer: O_DIRECT segments + rename",
     "marker": "writer: marker (fsync)",
 }
 MAIN_THREAD = ("to_host", "assemble")
-WRITER = ("checks", "encode", "publish", "marker")
+WRITER = ("checks", "quantize", "encode", "publish", "marker")
 
 
 def _timed(module, name: str, step: str) -> None:
@@ -70,18 +71,24 @@ def _timed(module, name: str, step: str) -> None:
 _timed(shard_mod, "capture_batch", "capture")
 _timed(shard_mod, "to_host", "to_host")
 _timed(writer_mod, "_checked_arrays", "checks")
+_timed(writer_mod, "_encoded", "quantize")
 _timed(writer_mod, "_encode_shard", "encode")
 _timed(writer_mod, "_publish", "publish")
 _timed(writer_mod, "write_marker", "marker")
 
-def measure_steps(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> dict:
-    """Each step's CPU seconds per 1,000 rows, steps one at a time (compute a shard, then write it)."""
-    spec = sset.spec()
+def measure_steps(sset: SignalSet, rows, shard_rows: int, tmp: Path, variant: str) -> dict:
+    """Each step's CPU seconds per 1,000 rows, steps one at a time (compute a shard, then write it); and the
+    subspace fit's (compact variant) CPU seconds per 1,000 fit rows."""
+    spec = sset.spec(variant)
     model = make_teacher(sset, ARGS.teacher, ARGS.device)
     n = len(rows)
-    store = tmp / f"{sset.name}-steps.zarr"
-    with new_store(store, spec, n, shard_rows, sset.name) as w:
-        shard_mod.compute_shard(model, rows, 0, min(BATCH, n), spec, BATCH, 0)  # warm-up, untimed
+    store = tmp / f"{sset.name}-{variant}-steps.zarr"
+    c = time.process_time()
+    consts, constants = set_constants(sset, variant, model, rows)
+    fit_s = time.process_time() - c
+    fit_rows = min(spec.hidden_fit_rows, n) if spec.hidden_rank else 0
+    with new_store(store, spec, n, shard_rows, sset.name, consts) as w:
+        shard_mod.compute_shard(model, rows, 0, min(BATCH, n), spec, BATCH, 0, constants)  # warm-up, untimed
         STEPS.cpu.clear(), STEPS.wall.clear()
         STEPS.active = True
         captured = 0
@@ -90,7 +97,7 @@ def measure_steps(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> dict:
                 start, stop = w.manifest.shard_rows_range(i)
                 before = STEPS.cpu["capture"] + STEPS.cpu["to_host"]
                 c = time.process_time()
-                arrays = shard_mod.compute_shard(model, rows, start, stop, spec, BATCH, 0)
+                arrays = shard_mod.compute_shard(model, rows, start, stop, spec, BATCH, 0, constants)
                 inner = STEPS.cpu["capture"] + STEPS.cpu["to_host"] - before
                 STEPS.cpu["assemble"] += time.process_time() - c - inner  # what compute_shard does around them
                 captured += sum(a.nbytes for a in arrays.values())
@@ -100,22 +107,27 @@ def measure_steps(sset: SignalSet, rows, shard_rows: int, tmp: Path) -> dict:
         summary = w.finalize()
     per_k = {k: 1000 * STEPS.cpu[k] / n for k in STEP_NAMES}
     writer_wall = sum(STEPS.wall[k] for k in WRITER)
+    const_bytes = sum(p.stat().st_size for p in (store / "constants").rglob("*") if p.is_file()) \
+        if (store / "constants").is_dir() else 0
     return {"cpu_s_per_1k": per_k, "writer_parallelism": sum(STEPS.cpu[k] for k in WRITER) / writer_wall,
-            "captured_bytes_per_row": captured / n,
-            "stored_bytes_per_row": summary.bytes_on_disk / n, "store": str(store)}
+            "captured_bytes_per_row": captured / n, "constants_bytes": const_bytes,
+            "fit_cpu_s_per_1k_rows": 1000 * fit_s / fit_rows if fit_rows else 0.0,
+            "stored_bytes_per_row": (summary.bytes_on_disk - const_bytes) / n, "store": str(store)}
 
 
-def computed_shards(sset: SignalSet, rows, shard_rows: int) -> list[dict]:
+def computed_shards(sset: SignalSet, rows, shard_rows: int, variant: str) -> tuple[list[dict], tuple]:
     """4 shards of the set's rows computed once (at most ``shard_rows`` rows each, the 4 filling the set's rows when
-    they fill only one): what the writer measurements below write, again and again."""
-    spec = sset.spec()
+    they fill only one), and the constants they were computed with: what the writer measurements below write, again
+    and again."""
+    spec = sset.spec(variant)
     model = make_teacher(sset, ARGS.teacher, ARGS.device)
+    consts, constants = set_constants(sset, variant, model, rows)
     shard_rows = max(1, min(shard_rows, len(rows) // 4))
-    return [shard_mod.compute_shard(model, rows, s, s + shard_rows, spec, BATCH, 0)
-            for s in range(0, 4 * shard_rows, shard_rows)]
+    return [shard_mod.compute_shard(model, rows, s, s + shard_rows, spec, BATCH, 0, constants)
+            for s in range(0, 4 * shard_rows, shard_rows)], consts
 
 
-def writer_scaling(sset: SignalSet, shards: list[dict], tmp: Path) -> tuple[float, float]:
+def writer_scaling(sset: SignalSet, shards: list[dict], tmp: Path, variant: str) -> tuple[float, float]:
     """Writers as threads, each on one core: the shards written by 1 and by 2 writer threads whose chunks are encoded
     in their own thread (no codec pool), best of 2. Returns (one writer's wall seconds per row, 2 writers' speed-up).
 
@@ -123,7 +135,7 @@ def writer_scaling(sset: SignalSet, shards: list[dict], tmp: Path) -> tuple[floa
     write is what stops them): with the pool, one writer already spreads its chunks over this machine's 2 cores and
     2 writers can only compete for them, which says nothing about 14 writers on 16 cores. The stores go to memory
     (/dev/shm, where there is one) so that the disk, measured on its own by ``writers_vs_disk``, does not decide."""
-    spec = sset.spec()
+    spec = sset.spec(variant)
     ram = Path("/dev/shm")
     if ram.is_dir() and os.access(ram, os.W_OK):
         tmp = Path(tempfile.mkdtemp(dir=ram))
@@ -149,17 +161,17 @@ def writer_scaling(sset: SignalSet, shards: list[dict], tmp: Path) -> tuple[floa
     return min(times[1]) / n, min(times[1]) / min(times[2])
 
 
-def writers_vs_disk(sset: SignalSet, shards: list[dict], tmp: Path, precision: str) -> dict:
+def writers_vs_disk(sset: SignalSet, shards: list[dict], tmp: Path, variant: str, consts: tuple) -> dict:
     """The writers alone (capture left out, as on a GPU box, where the device computes the next shard meanwhile),
     as many as this machine's cores, writing the shards to a store, then ``sync``: rows/s and bytes/s on disk (to
     compare with the disk's fsync'd sequential write), CPU per row, bytes per row. Keeps the store (the loader reads
     it)."""
-    spec = sset.spec(precision)
+    spec = sset.spec(variant)
     shard_rows = len(shards[0]["row_index"])
     n = len(shards) * shard_rows
-    store = tmp / f"{sset.name}-writers-{precision}.zarr"
+    store = tmp / f"{sset.name}-writers-{variant}.zarr"
     cores = len(os.sched_getaffinity(0))
-    with new_store(store, spec, n, shard_rows, sset.name) as w:
+    with new_store(store, spec, n, shard_rows, sset.name, consts) as w:
         os.sync()
         t, c = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(cores) as pool:
@@ -167,7 +179,8 @@ def writers_vs_disk(sset: SignalSet, shards: list[dict], tmp: Path, precision: s
         os.sync()
         dt, cpu = time.perf_counter() - t, time.process_time() - c
         w.finalize()
-    data = sum(p.stat().st_size for p in store.rglob("*") if p.is_file() and "c" in p.relative_to(store).parts)
+    data = sum(p.stat().st_size for p in store.rglob("*") if p.is_file() and "c" in p.relative_to(store).parts
+               and p.relative_to(store).parts[0] != "constants")
     return {"rows_per_s": n / dt, "bytes_per_s": data / dt, "cpu_s_per_row": cpu / n, "stored_bytes_per_row": data / n,
             "writers": cores, "store": str(store)}
 
@@ -178,14 +191,16 @@ def _rm(p: Path) -> None:
     shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def measure_build(sset: SignalSet, rows, shard_rows: int, tmp: Path, writers: int | None) -> float:
-    """The in-process build as the stage runs it (writes overlapped with capture): rows/s."""
-    spec = sset.spec()
+def measure_build(sset: SignalSet, rows, shard_rows: int, tmp: Path, writers: int | None, variant: str) -> float:
+    """The in-process build as the stage runs it (writes overlapped with capture): rows/s (the fit left out)."""
+    spec = sset.spec(variant)
     model = make_teacher(sset, ARGS.teacher, ARGS.device)
-    store = tmp / f"{sset.name}-build-{writers}.zarr"
-    with new_store(store, spec, len(rows), shard_rows, sset.name) as w:
+    consts, constants = set_constants(sset, variant, model, rows)
+    store = tmp / f"{sset.name}-build-{variant}-{writers}.zarr"
+    with new_store(store, spec, len(rows), shard_rows, sset.name, consts) as w:
         t = time.perf_counter()
-        run_shards(lambda i: shard_mod.compute_shard(model, rows, *w.manifest.shard_rows_range(i), spec, BATCH, 0),
+        run_shards(lambda i: shard_mod.compute_shard(model, rows, *w.manifest.shard_rows_range(i), spec, BATCH, 0,
+                                                     constants),
                    str(store), w.pending_shards(), lambda i, marker: w.record([i]), writers=writers)
         rate = len(rows) / (time.perf_counter() - t)
         w.finalize()
@@ -272,4 +287,6 @@ def loader_rate(store: Path) -> tuple[float, float, float, float, float]:
         if parallel not in best or dt < best[parallel][1]:
             best[parallel] = (n, dt, cpu)
     n, dt, cpu = best[True]
-    return n / dt, st.info()["bytes_on_disk"] / dt, cpu / n, cpu / dt, best[False][1] / dt
+    info = st.info()
+    return n / dt, (info["bytes_on_disk"] - info["constants"]["bytes_on_disk"]) / dt, cpu / n, cpu / dt, \
+        best[False][1] / dt

@@ -204,9 +204,9 @@ def bench_training(device, rows: int, L: int, batch_size: int, repeats: int, stu
         tmp = Path(tmp)
         clf_teacher = make_classification_teacher(tmp / "clf_teacher", minilm)
         mlm_signals = {"logits": False, "mlm_topk": 0, "hidden_layers": [6], "attn_layers": [], "pool": 4,
-                       "attn_probs": False, "embeddings": False,
-                       "precision": {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16",
-                                     "mlm_topk": "float16"}}
+                       "attn_probs": False, "embeddings": False, "hidden_rank": None, "hidden_fit_rows": 256,
+                       "attn_rank": None, "precision": {"hidden": "float16", "attention": "float16",
+                                                        "mlm_topk": "float16"}}
         cls_signals = {**mlm_signals, "logits": True, "hidden_layers": [], "pool": 1}
         cases = [
             ("general", "mlm", minilm, "base", mlm_signals,

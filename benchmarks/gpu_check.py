@@ -28,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-F16 = {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16", "mlm_topk": "float16"}
+F16 = {"hidden": "float16", "attention": "float16", "mlm_topk": "float16"}
+INT8 = {"hidden": "int8", "attention": "int8", "mlm_topk": "float16"}
 
 
 def run(cmd: list[str], timeout: int) -> tuple[int, str]:
@@ -60,12 +61,14 @@ def at_scale(out_dir: Path) -> dict:
     if rc:
         return {"ok": False, "error": out[-1000:]}
     data = json.loads(path.read_text())
-    return {"ok": True, "sets": {k: {"build_rows_per_s": v["build_rows_per_s"], "bare_rows_per_s": v["bare_rows_per_s"],
-                                     "build/bare": v["build_rows_per_s"] / v["bare_rows_per_s"],
-                                     "bound": v["projection"]["per_disk"]["this disk"]["bound"],
-                                     "writers_of_disk": v["writers_alone"]["float16"]["of_disk"],
-                                     "loader_of_disk": v["loader"]["float16"]["of_disk"]}
-                                 for k, v in data["sets"].items()}}
+    return {"ok": True, "sets": {f"{k} {variant}": {
+        "build_rows_per_s": v[variant]["build_rows_per_s"], "bare_rows_per_s": v["bare_rows_per_s"],
+        "build/bare": v[variant]["build_rows_per_s"] / v["bare_rows_per_s"],
+        "bound": v[variant]["projection"]["per_disk"]["this disk"]["bound"],
+        "writers_of_disk": v[variant]["writers_alone"]["of_disk"], "loader_of_disk": v[variant]["loader"]["of_disk"],
+        "kib_per_row": v[variant]["stored_bytes_per_row"] / 1024,
+        "epoch_vs_live": v[variant]["projection"]["per_disk"]["this disk"]["epoch"]["vs_live"]}
+        for k, v in data["sets"].items() for variant in ("dense", "compact") if variant in v}}
 
 
 def dask_cuda_build() -> dict:
@@ -101,8 +104,10 @@ def dask_cuda_build() -> dict:
                                           "cls_id": 2, "sep_id": 3, "mask_id": 4, "vocab_size": 1000}})
         cfg = build(TeacherCacheDatasetConfig, {"teacher": "t", "head": "base", "split": "train", "max_rows": None,
                                                 "signals": {"logits": False, "mlm_topk": 0, "hidden_layers": [2, 4],
-                                                            "attn_layers": [2, 4], "pool": 4, "attn_probs": False,
-                                                            "embeddings": False, "precision": F16}}, "gpu_check")
+                                                            "hidden_rank": 64, "hidden_fit_rows": 256,
+                                                            "attn_layers": [2, 4], "attn_rank": 8, "pool": 4,
+                                                            "attn_probs": False, "embeddings": True,
+                                                            "precision": INT8}}, "gpu_check")
         t = time.perf_counter()
         build_teacher_cache("gpu", tokens, teacher, cfg, "cuda", 64, 256, tmp / "inproc.zarr", cpu_threads=1)
         inproc = time.perf_counter() - t

@@ -41,8 +41,8 @@ import numpy as np
 L, VOCAB_WORDS, HIDDEN, LAYERS, HEADS = 128, 1024, 256, 2, 4
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SIGNALS = {"logits": False, "mlm_topk": 8, "hidden_layers": [1, 2], "attn_layers": [1, 2], "pool": 1,
-           "attn_probs": False, "embeddings": False,
-           "precision": {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16", "mlm_topk": "float16"}}
+           "attn_probs": False, "embeddings": False, "hidden_rank": None, "hidden_fit_rows": 256, "attn_rank": None,
+           "precision": {"hidden": "float16", "attention": "float16", "mlm_topk": "float16"}}
 BATCH = 32
 TOLERANCE = 0.15
 """The anonymous-RSS growth at 10x within 1 +- this of the growth at 1x, or within SLACK_MIB of it, counts as flat:

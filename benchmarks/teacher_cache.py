@@ -36,8 +36,8 @@ from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.teacher.load import load_teacher
 
 SIGNALS = {"logits": False, "mlm_topk": 0, "hidden_layers": [2, 4, 6], "attn_layers": [2, 4, 6], "pool": 4,
-           "attn_probs": False, "embeddings": False,
-           "precision": {"hidden": "float16", "embeddings": "float16", "attn_scores": "float16", "mlm_topk": "float16"}}
+           "attn_probs": False, "embeddings": False, "hidden_rank": None, "hidden_fit_rows": 256, "attn_rank": None,
+           "precision": {"hidden": "float16", "attention": "float16", "mlm_topk": "float16"}}
 L = 128
 
 
