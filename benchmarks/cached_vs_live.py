@@ -105,7 +105,8 @@ def run_config(model: dict, dataset: str, head: dict | None, weights: dict, laye
     schedule = {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False}
     optim = {"epochs": 1, "max_steps": None, "batch_size": batch_size, "lr": 1e-3, "weight_decay": 0.01,
              "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10**6, "seed": 0}
-    return build(TrainRunConfig, {"dataset": dataset, "model": model, "encoding": "joint", "head": head,
+    return build(TrainRunConfig, {"dataset": dataset, "teacher": f"data/teacher/{dataset}.zarr", "model": model,
+                                  "encoding": "joint", "head": head,
                                   "objective": {"loss_weights": weights, "hidden_loss": "mse", "layer_map": layer_map,
                                                 "schedule": schedule},
                                   "optim": optim, "note": "benchmark"}, "runs.bench")

@@ -59,6 +59,7 @@ def model_config(name: str, params: Path) -> MiniALBERTConfig:
 def make_run(tune: str, model: MiniALBERTConfig, args: argparse.Namespace, tmp: Path) -> TrainingRun:
     run = build(FinetuneRunConfig, {
         "init": "none", "student": "minialbert", "tune": tune, "dataset": args.tokens.name, "encoding": "joint",
+        "teacher": f"data/teacher/{args.tokens.name}.zarr",
         "head": {"type": "linear", "hidden_size": 1, "dropout": 0.0},
         "objective": {"loss_weights": {"hard": 1.0}, "hidden_loss": "cosine", "layer_map": [-1] * model.n_iterations,
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,

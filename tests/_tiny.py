@@ -233,7 +233,8 @@ def _train_args(run: str, *, tokens: Path, store: Path, prepared: Path, out: Pat
     command = ["train"] if init is None else ["finetune", "--init", str(init)]
     if word_vectors is not None:
         command = ["train-lm", "--word-vectors", str(word_vectors)]
-    return [*command, "--run", run, "--tokens", str(tokens), "--teacher-cache", str(store), "--prepared",
+    source = "--teacher-cache" if word_vectors is not None else "--teacher"  # train-lm reads a store's row order
+    return [*command, "--run", run, "--tokens", str(tokens), source, str(store), "--prepared",
             str(prepared), "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live", "--params",
             str(params)]
 

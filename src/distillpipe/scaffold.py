@@ -35,6 +35,7 @@ from distillpipe.config.evaluate import EvaluateConfig
 from distillpipe.config.finetune import FinetuneConfig
 from distillpipe.config.prepare import PrepareConfig
 from distillpipe.config.report import ReportConfig
+from distillpipe.config.run import teacher_is_live
 from distillpipe.config.speed import SpeedConfig
 from distillpipe.config.teacher_cache import TeacherCacheConfig
 from distillpipe.config.teacher_finetune import TeacherFinetuneConfig
@@ -124,6 +125,11 @@ def plan_task(params: dict, name: str, like: str, local: dict[str, Any],
             if new in existing or new in runs.values():
                 raise ConfigError(f"{section}.runs.{new} exists already: rename it or choose another task name")
             value = {**copy.deepcopy(cfg), "dataset": name}
+            if "teacher" in value:  # its cache, or (a live run) the teacher its teacher_cache entry names
+                teachers = dict((k, v) for where, k, v in plan if where == "teacher_cache.datasets")
+                live = teacher_is_live(value["teacher"]) and name in teachers
+                value["teacher"] = f"models/teacher/{teachers[name]['teacher']}" if live else \
+                    f"data/teacher/{name}.zarr"
             student = (value.get("model") or {}).get("student") or value.get("student")
             value["optim"].update(student_recipe(section, student, value.get("tune"))[0])
             plan.append((f"{section}.runs", new, value))

@@ -160,6 +160,7 @@ def test_adapter_tuning_moves_only_adapters_and_head(tmp_path):
     save_student(tmp_path / "init", init, cfg(), mlm_task(max_len=32), {"name": "init", "note": ""})
     run = build(FinetuneRunConfig, {
         "init": "init", "student": "minialbert", "tune": "adapters", "dataset": "toy", "encoding": "joint",
+        "teacher": "data/teacher/toy.zarr",
         "head": {"type": "linear", "hidden_size": 1, "dropout": 0.0},
         "objective": {"loss_weights": {"hard": 1.0}, "hidden_loss": "cosine", "layer_map": [-1, -1, -1],
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,

@@ -68,7 +68,7 @@ def test_a_process_count_that_does_not_fit_is_one_message_naming_the_value_to_se
                                                                "runs": {"r": {**_run(0.0)}}}})
     monkeypatch.setenv("DISTILLPIPE_MACHINE", str(toy["root"] / "machine.yaml"))
     monkeypatch.setenv("DISTILLPIPE_NPROC", "2")
-    res = CliRunner().invoke(app, ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache",
+    res = CliRunner().invoke(app, ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher",
                                    str(toy["store"]), "--prepared", str(toy["tokens"]), "--out", str(tmp_path / "o"),
                                    "--checkpoints", str(tmp_path / "c"), "--live", str(tmp_path / "l"), "--params",
                                    str(params)])
@@ -83,6 +83,7 @@ def test_a_process_count_that_does_not_fit_is_one_message_naming_the_value_to_se
 
 def _run(dropout):
     return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": dropout},
+            "teacher": "data/teacher/toy.zarr",
             "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
                       "init_std": 0.01, "dropout": dropout},
             "objective": OBJECTIVE, "note": "ddp",
@@ -102,7 +103,7 @@ def _train(toy, tmp_path, out, *, nproc, dropout, kill_at=None, loader=LOADER, h
     training process, no torchrun: the reference, without ~5 s of imports)."""
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": loader,
                                                                "runs": {"r": _run(dropout)}}})
-    args = ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher-cache", str(toy["store"]),
+    args = ["train", "--run", "r", "--tokens", str(toy["tokens"]), "--teacher", str(toy["store"]),
             "--prepared", str(toy["tokens"]), "--out", str(out), "--checkpoints", f"{out}.ckpt",
             "--live", f"{out}.live", "--params", str(params)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTILLPIPE_MACHINE": str(toy["root"] / "machine.yaml"),

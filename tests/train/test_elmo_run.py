@@ -101,6 +101,7 @@ def test_frozen_feature_finetune_keeps_the_lm_bit_identical(toy, tmp_path):
     cls = make_classification_store(tmp_path)  # same tiny vocabulary
     run = build(FinetuneRunConfig, {
         "init": "lm", "student": "elmo", "tune": "head", "dataset": "toy", "encoding": "joint",
+        "teacher": "data/teacher/toy.zarr",
         "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
         "objective": {"loss_weights": {"hard": 1.0}, "hidden_loss": "cosine", "layer_map": [-1, -1],
                       "schedule": SCHEDULE},

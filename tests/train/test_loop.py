@@ -52,7 +52,7 @@ def _objective(weights, layer_map=(-1,)):
 
 
 def _cls_run(**over):
-    r = {"dataset": "toy", "model": MODEL, "encoding": "joint",
+    r = {"dataset": "toy", "teacher": "data/teacher/toy.zarr", "model": MODEL, "encoding": "joint",
          "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
          "objective": _objective({"hard": 0.5, "soft": 0.5}), "optim": _optim(), "note": "test"}
     r.update(over)
@@ -115,7 +115,7 @@ def test_task_distillation_learns_and_saves(toy, tmp_path):
 
 
 def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
-    general = {**_cls_run(), "dataset": "toy_mlm", "head": None,
+    general = {**_cls_run(), "dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "head": None,
                "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2]), "optim": _optim(epochs=2)}
     s = _train(toy, tmp_path, general, kind="mlm", name="general")
     first = s.steps
@@ -173,7 +173,7 @@ def test_missing_teacher_signal_is_a_clear_error(toy, tmp_path):
     run = _cls_run(objective=_objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2]))
     with pytest.raises(Exception, match=r"hidden/L2.*add the signals to teacher_cache"):
         _train(toy, tmp_path, run)
-    bad = {**_cls_run(), "dataset": "toy_mlm", "head": None,
+    bad = {**_cls_run(), "dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "head": None,
            "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2, 2])}
     with pytest.raises(ObjectiveError, match="layer_map has 2 entries but the student exposes 1"):
         _train(toy, tmp_path, bad, kind="mlm")
@@ -255,7 +255,7 @@ def test_full_disk_at_a_checkpoint_stops_with_exit_2_and_resumes_to_the_same_wei
     assert ref.returncode == 0, ref.stderr
     out = tmp_path / "res"
     full = subprocess.run([sys.executable, "-c", FULL_DISK_DRIVER, "train", "--run", "toy-run", "--tokens",
-                           str(toy["cls"]), "--teacher-cache", str(toy["cls_store"]), "--prepared", str(toy["cls"]),
+                           str(toy["cls"]), "--teacher", str(toy["cls_store"]), "--prepared", str(toy["cls"]),
                            "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live", "--params",
                            str(params)], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "FULL_AT_STEP": "12",
@@ -286,7 +286,7 @@ def test_full_disk_writing_the_student_stops_with_exit_2_and_leaves_no_student(t
     params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER, "runs": {
         "toy-run": _cls_run(optim=_optim(epochs=1, checkpoint_minutes=0))}}})
     out = tmp_path / "res"
-    args = ["train", "--run", "toy-run", "--tokens", str(toy["cls"]), "--teacher-cache", str(toy["cls_store"]),
+    args = ["train", "--run", "toy-run", "--tokens", str(toy["cls"]), "--teacher", str(toy["cls_store"]),
             "--prepared", str(toy["cls"]), "--out", str(out), "--checkpoints", f"{out}.ckpt", "--live", f"{out}.live",
             "--params", str(params)]
     with monkeypatch.context() as m:
@@ -332,7 +332,8 @@ def test_augmented_rows_are_mixed_in_with_teacher_losses_only(toy, tmp_path):
     from distillpipe.config.train_aug import TrainAugRunConfig
 
     aug_tokens, aug_store = _unlabeled_copy(toy, toy["root"])
-    rcfg = build(TrainAugRunConfig, {**_cls_run(optim=_optim(epochs=1)), "augment": "toy_aug"}, "runs.aug")
+    run = {k: v for k, v in _cls_run(optim=_optim(epochs=1)).items() if k != "teacher"}  # train_aug runs read caches
+    rcfg = build(TrainAugRunConfig, {**run, "augment": "toy_aug"}, "runs.aug")
     s = train_student("aug", model_cfg=rcfg.model, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
                       device="cpu", tokens_dir=toy["cls"], store_path=toy["cls_store"], prepared_dir=None,
                       out_dir=tmp_path / "aug", ckpt_dir=tmp_path / "ck", live_dir=tmp_path / "p",

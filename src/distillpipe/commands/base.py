@@ -30,6 +30,9 @@ DatasetOpt = Annotated[str, typer.Option("--dataset", help="dataset name (a key 
 RunOpt = Annotated[str, typer.Option("--run", help="run name (a key of the section's `runs`)")]
 TokensOpt = Annotated[Path, typer.Option("--tokens", help="tokens folder of the run's dataset")]
 CacheOpt = Annotated[Path, typer.Option("--teacher-cache", help="teacher-cache store of the run's dataset")]
+TeacherOpt = Annotated[Path, typer.Option(
+    "--teacher", help="the run's teacher param: its dataset's cache (data/teacher/<dataset>.zarr) or a teacher "
+                      "folder to run live (models/teacher/<name>)")]
 PreparedOpt = Annotated[Path, typer.Option("--prepared", help="prepared dataset folder (QA contexts for dev EM/F1)")]
 StudentOutOpt = Annotated[Path, typer.Option("--out", help="output student folder")]
 CheckpointsOpt = Annotated[Path, typer.Option("--checkpoints", help="checkpoint folder (resume: auto)")]

@@ -9,20 +9,20 @@ import torch
 import typer
 
 from distillpipe.commands.base import (
-    CacheOpt,
     CheckpointsOpt,
     LiveOpt,
     ParamsOpt,
     PreparedOpt,
     RunOpt,
     StudentOutOpt,
+    TeacherOpt,
     TokensOpt,
     check_dataset,
     entry_point,
     named_entry,
     user_errors,
 )
-from distillpipe.commands.students import handed_to_torchrun, is_main_process
+from distillpipe.commands.students import handed_to_torchrun, is_main_process, teacher_source
 from distillpipe.config.base import ConfigError, load_section
 from distillpipe.config.finetune import FinetuneConfig
 from distillpipe.scale.machine import load_machine
@@ -34,7 +34,7 @@ from distillpipe.train.loop import train_student
 def finetune(run: RunOpt,
              init: Annotated[Path, typer.Option(help="the trained student (a `train` run) to start from")],
              tokens: TokensOpt,
-             teacher_cache: CacheOpt,
+             teacher: TeacherOpt,
              prepared: PreparedOpt,
              out: StudentOutOpt,
              checkpoints: CheckpointsOpt,
@@ -48,11 +48,12 @@ def finetune(run: RunOpt,
                           batch_size=rcfg.optim.batch_size):
         return
     check_dataset(tokens, rcfg.dataset, f"finetune.runs.{run}")
+    source = teacher_source(teacher, rcfg.teacher, rcfg.dataset, params, f"finetune.runs.{run}")
     _, record = load_student(init, torch.device("cpu"), student=rcfg.student, where=f"finetune.runs.{run}.student")
     if record["name"] != rcfg.init:
         raise ConfigError(f"finetune.runs.{run}.init is {rcfg.init!r} but {init} holds the student {record['name']!r}")
     summary = train_student(run, model_cfg=record["model"], run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
-                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            tokens_dir=tokens, store_path=source, prepared_dir=prepared, out_dir=out,
                             ckpt_dir=checkpoints, live_dir=live,
                             loader_workers=students.loader_workers, init_dir=init)
     if is_main_process():

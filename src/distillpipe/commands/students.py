@@ -9,11 +9,13 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from distillpipe.config.base import ConfigError
-from distillpipe.config.run import LoaderConfig
+from distillpipe.config.base import ConfigError, load_section
+from distillpipe.config.run import LoaderConfig, teacher_is_live
+from distillpipe.config.teacher_cache import TeacherCacheConfig
 from distillpipe.errors import UserError
 from distillpipe.scale.ddp import relaunch_under_torchrun, under_torchrun
 from distillpipe.store.loader import check_processes
+from distillpipe.teacher.live import LiveSettings
 
 
 class TrainingProcessFailed(UserError, RuntimeError):
@@ -48,3 +50,28 @@ def handed_to_torchrun(nproc: int, *, params: Path, section: str, run: str, load
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a process on its own: the one that prints."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def teacher_source(teacher: Path, run_teacher: str, dataset: str, params: Path, where: str) -> Path | LiveSettings:
+    """What a run's ``--teacher`` path is: its dataset's cache (returned as it is), or a teacher folder to run live
+    (:class:`~distillpipe.teacher.live.LiveSettings` from ``teacher_cache.datasets.<dataset>``, whose signals, rows
+    and constants the live targets have). ``run_teacher`` is the run's ``teacher`` param, which the path must be
+    (the stage passes it; a hand-typed path of the other kind is refused: a store of another dataset is refused by
+    the store's own checks, a teacher folder other than the entry's below)."""
+    live = teacher_is_live(run_teacher)
+    if live == (teacher.suffix == ".zarr"):
+        raise ConfigError(f"{where}.teacher is {run_teacher!r} but --teacher is {str(teacher)!r}: "
+                          f"{'a teacher folder to run live' if live else 'a teacher cache store'} was expected")
+    if not live:
+        return teacher
+    tc = load_section(params, "teacher_cache", TeacherCacheConfig)
+    if dataset not in tc.datasets:
+        raise ConfigError(f"{params}: {where}.teacher runs {run_teacher} live, which computes the signals "
+                          f"teacher_cache.datasets.{dataset} names, but there is no such entry; add one (its teacher, "
+                          "head and signals) as for a cache")
+    cfg = tc.datasets[dataset]
+    if cfg.teacher != teacher.name:
+        raise ConfigError(f"{params}: {where}.teacher runs {run_teacher} live but teacher_cache.datasets.{dataset}."
+                          f"teacher is {cfg.teacher!r}: the live teacher is the one whose signals that entry "
+                          f"describes; set {where}.teacher to models/teacher/{cfg.teacher}")
+    return LiveSettings(dataset, teacher, cfg, tc.batch_size, tc.shard_rows, tc.cpu_threads)

@@ -7,20 +7,20 @@ from pathlib import Path
 import typer
 
 from distillpipe.commands.base import (
-    CacheOpt,
     CheckpointsOpt,
     LiveOpt,
     ParamsOpt,
     PreparedOpt,
     RunOpt,
     StudentOutOpt,
+    TeacherOpt,
     TokensOpt,
     check_dataset,
     entry_point,
     named_entry,
     user_errors,
 )
-from distillpipe.commands.students import handed_to_torchrun, is_main_process
+from distillpipe.commands.students import handed_to_torchrun, is_main_process, teacher_source
 from distillpipe.config.base import load_section
 from distillpipe.config.train import TrainConfig
 from distillpipe.scale.machine import load_machine
@@ -30,7 +30,7 @@ from distillpipe.train.loop import train_student
 @user_errors
 def train(run: RunOpt,
           tokens: TokensOpt,
-          teacher_cache: CacheOpt,
+          teacher: TeacherOpt,
           prepared: PreparedOpt,
           out: StudentOutOpt,
           checkpoints: CheckpointsOpt,
@@ -44,8 +44,9 @@ def train(run: RunOpt,
                           batch_size=rcfg.optim.batch_size):
         return
     check_dataset(tokens, rcfg.dataset, f"train.runs.{run}")
+    source = teacher_source(teacher, rcfg.teacher, rcfg.dataset, params, f"train.runs.{run}")
     summary = train_student(run, model_cfg=rcfg.model, run=rcfg, loader_cfg=cfg.loader, device=cfg.device,
-                            tokens_dir=tokens, store_path=teacher_cache, prepared_dir=prepared, out_dir=out,
+                            tokens_dir=tokens, store_path=source, prepared_dir=prepared, out_dir=out,
                             ckpt_dir=checkpoints, live_dir=live,
                             loader_workers=students.loader_workers)
     if is_main_process():

@@ -3,6 +3,7 @@ optimisation and the block loader."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -141,6 +142,23 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         if min(self.block_rows, self.buffer_blocks, self.streams) < 1:
             raise ConfigError("loader: need block_rows, buffer_blocks and streams >= 1")
+
+
+TEACHER_FOLDER = re.compile(r"^models/teacher/[\w.-]+$")
+
+
+def check_teacher(teacher: str, dataset: str) -> None:
+    """A run's ``teacher``: its dataset's cache ``data/teacher/<dataset>.zarr``, or a teacher folder
+    ``models/teacher/<name>`` run live on each batch; anything else is refused, naming both forms."""
+    if teacher != f"data/teacher/{dataset}.zarr" and not TEACHER_FOLDER.match(teacher):
+        raise ConfigError(f"teacher={teacher!r}: the run's teacher targets come from its dataset's cache "
+                          f"(data/teacher/{dataset}.zarr) or from a teacher folder run live (models/teacher/<name>, "
+                          f"e.g. the one teacher_cache.datasets.{dataset}.teacher names)")
+
+
+def teacher_is_live(teacher: str) -> bool:
+    """Whether a run's ``teacher`` is a teacher folder to run live (not a cache)."""
+    return bool(TEACHER_FOLDER.match(teacher))
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distillpipe.config.run import LoaderConfig
-from distillpipe.config.train import TrainRunConfig
+from distillpipe.config.train import ScratchRunConfig
 
 
 @dataclass(frozen=True)
-class TrainAugRunConfig(TrainRunConfig):
+class TrainAugRunConfig(ScratchRunConfig):
     """A ``train`` run (random initialisation) on ``dataset`` plus unlabeled augmented rows mixed in
     (WaLDORf sec. 3.4): both have their own teacher cache, so nothing is computed twice."""
 

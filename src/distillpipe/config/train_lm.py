@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distillpipe.config.run import LoaderConfig
-from distillpipe.config.train import TrainRunConfig
+from distillpipe.config.train import ScratchRunConfig
 
 
 @dataclass(frozen=True)
-class TrainLMRunConfig(TrainRunConfig):
+class TrainLMRunConfig(ScratchRunConfig):
     """A ``train`` run (random initialisation) whose student takes a fixed word-vector table as its input layer
     (and, for ELMo-C, as its output targets, paper eq. 2). The table is copied into the student, so the
     trained student needs nothing else."""

@@ -59,6 +59,39 @@ from distillpipe.store.reader import TeacherStore, open_store
 
 log = logging.getLogger(__name__)
 
+
+class RowTable:
+    """The rows a run reads when no store holds their targets (a live teacher computes them), laid out as a store of
+    them would be: ``row_index`` (the tokens rows) and ``length`` in shards of ``shard_rows``. The block loader reads
+    it as it reads a store, so a run's batches are the same rows in the same order whether its targets come from a
+    cache of these rows or from the teacher run on each batch."""
+
+    def __init__(self, row_index: np.ndarray, length: np.ndarray, shard_rows: int):
+        self.row_index = np.ascontiguousarray(row_index, dtype=np.int64)
+        self.length = np.ascontiguousarray(length, dtype=np.int32)
+        if self.row_index.shape != self.length.shape or self.row_index.ndim != 1 or shard_rows < 1:
+            raise ValueError(f"a row table needs row_index and length of one shape and shard_rows >= 1, got "
+                             f"{self.row_index.shape}, {self.length.shape}, {shard_rows}")
+        self.n_rows, self.shard_rows = len(self.row_index), int(shard_rows)
+        self.layout = {"row_index": self.row_index[:0], "length": self.length[:0]}
+        """Per name, an empty array of its row shape and dtype (as a store's layout gives them)."""
+
+    @property
+    def manifest(self) -> RowTable:
+        return self  # what block_windows reads of a manifest: n_shards, shard_rows_range
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_rows // self.shard_rows)
+
+    def shard_rows_range(self, i: int) -> tuple[int, int]:
+        return i * self.shard_rows, min(self.n_rows, (i + 1) * self.shard_rows)
+
+    def read_blocks(self, names, blocks, out=None) -> dict[str, np.ndarray]:
+        idx = np.concatenate([np.arange(a, b) for a, b in blocks]) if blocks else np.zeros(0, np.int64)
+        return {n: getattr(self, n)[idx] for n in names}
+
+
 Rows = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, Rows]
 _CONFIG_KEYS = ("seed", "batch_size", "block_rows", "buffer_blocks", "streams", "names")
@@ -137,7 +170,7 @@ class BlockDataset(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        store_path: str | Path,
+        store_path: str | Path | RowTable,
         names: Sequence[str],
         *,
         block_rows: int,
@@ -159,7 +192,8 @@ class BlockDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"batch_size={batch_size} must be a multiple of loader.streams={streams}: every stream "
                              "gives the same number of rows to a batch")
         check_processes(streams, world, batch_size, batch_key="batch_size")
-        self.store_path = str(store_path)
+        self.table = store_path if isinstance(store_path, RowTable) else None
+        self.store_path = None if self.table is not None else str(store_path)
         self.names = tuple(names)
         self.block_rows, self.buffer_blocks, self.batch_size, self.seed = block_rows, buffer_blocks, batch_size, seed
         self.streams, self.rank, self.world = streams, rank, world
@@ -178,7 +212,12 @@ class BlockDataset(torch.utils.data.IterableDataset):
     def set_position(self, epoch: int, batches_consumed: int) -> None:
         self.epoch, self.batches_consumed = epoch, batches_consumed
 
-    def store(self) -> TeacherStore:
+    def store(self) -> TeacherStore | RowTable:
+        if self.table is not None:
+            unknown = [n for n in self.names if n not in self.table.layout]
+            if unknown:
+                raise KeyError(f"a row table has no arrays {unknown}: only row_index and length")
+            return self.table
         if self._store is None:
             self._store = open_store(self.store_path, self.expected)
             self._check_alignment(self._store)
@@ -202,7 +241,7 @@ class BlockDataset(torch.utils.data.IterableDataset):
         if len(windows) < self.streams:
             raise ValueError(f"loader.streams={self.streams} is more than the {len(windows)} windows of "
                              f"buffer_blocks x block_rows = {self.buffer_blocks * self.block_rows} rows in "
-                             f"{self.store_path}: lower streams or buffer_blocks")
+                             f"{self.store_path or 'the rows'}: lower streams or buffer_blocks")
         per_stream = stream_windows(windows, self.streams)
         rows = [sum(b - a for _, blocks in ws for a, b in blocks) for ws in per_stream]
         return per_stream, steps_per_epoch(rows, self.sub_batch, shared=self.world > self.streams)
@@ -302,7 +341,7 @@ class BlockLoader:
 
     def __init__(
         self,
-        store_path: str | Path,
+        store_path: str | Path | RowTable,
         names: Sequence[str],
         *,
         block_rows: int,

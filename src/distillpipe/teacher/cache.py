@@ -187,17 +187,21 @@ def _loaded(job: ShardJob) -> _Loaded:
                 raise TeacherCacheError(f"this worker runs other distillpipe code than the driver ({differ}); "
                                         "install the same version of distillpipe on every worker")
             model, _ = load_teacher(job.teacher_dir, job.head, job.device)
-            mc = model.config
-            facts = TeacherFacts(config=mc.to_diff_dict(), head=teacher_head(model), num_labels=int(mc.num_labels),
-                                 vocab_size=int(mc.vocab_size), hidden_size=int(mc.hidden_size),
-                                 n_heads=int(mc.num_attention_heads),
-                                 compute=compute_settings(model, job.batch_size, job.cpu_threads),
-                                 device=str(next(model.parameters()).device))
+            facts = describe(model, job.batch_size, job.cpu_threads)
             rows, subset = split_rows(Path(job.store).stem, job.tokens_dir, job.split, job.max_rows)
             if subset is not None:
                 rows = rows.select(subset)
             _LOADED = _Loaded(key, model, rows, facts, threading.Lock(), subset)
         return _LOADED
+
+
+def describe(model: torch.nn.Module, batch_size: int, cpu_threads: int) -> TeacherFacts:
+    """What the manifest and the signal spec need to know of a loaded teacher."""
+    mc = model.config
+    return TeacherFacts(config=mc.to_diff_dict(), head=teacher_head(model), num_labels=int(mc.num_labels),
+                        vocab_size=int(mc.vocab_size), hidden_size=int(mc.hidden_size),
+                        n_heads=int(mc.num_attention_heads), compute=compute_settings(model, batch_size, cpu_threads),
+                        device=str(next(model.parameters()).device))
 
 
 def teacher_facts(job: ShardJob) -> TeacherFacts:

@@ -29,6 +29,7 @@ from distillpipe.scale.ddp import ProcessGroup, join
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
+from distillpipe.teacher.live import LiveSettings, LiveTeacher, live_teacher
 from distillpipe.train.data import Mixture, Source
 from distillpipe.train.objective import Objective, aligned_blocks, embedding_stage, probe_student, store_names
 from distillpipe.train.schedule import Schedule, build_schedule
@@ -109,14 +110,14 @@ mixing code); an edit to another architecture does not."""
 
 
 def run_identity(*, run: RunConfig, model_cfg: StudentConfig, loader_cfg: LoaderConfig, tokens_meta: dict,
-                 stores: dict[str, Any], init_dir: str | Path | None, augment: tuple | None,
+                 sources: dict[str, Source], init_dir: str | Path | None, augment: tuple | None,
                  device: torch.device, processes: int, word_vectors: str | None = None) -> dict[str, Any]:
     """Everything that decides a run's weights, as digests: what a checkpoint must match to be resumed."""
     return {
         "params": json_sha256({"run": dataclasses.asdict(run), "model": dataclasses.asdict(model_cfg),
                                "loader": dataclasses.asdict(loader_cfg)}),
         "tokens": tokens_meta["fingerprint"],
-        "teacher cache": {k: s.content_sha256() for k, s in stores.items()},
+        "teacher cache": {k: s.identity() for k, s in sources.items()},
         "augment tokens": read_meta(augment[1])["fingerprint"] if augment else None,
         "init weights": sha256_dir(init_dir) if init_dir is not None else None,
         "word vectors": word_vectors,
@@ -223,22 +224,29 @@ class TrainingRun:
 
 
 def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg: LoaderConfig, device: str,
-              tokens_dir: str | Path, store_path: str | Path, prepared_dir: str | Path | None, ckpt_dir: str | Path,
-              init_dir: str | Path | None = None, augment: tuple[str, str | Path, str | Path] | None = None,
+              tokens_dir: str | Path, store_path: str | Path | LiveSettings, prepared_dir: str | Path | None,
+              ckpt_dir: str | Path, init_dir: str | Path | None = None,
+              augment: tuple[str, str | Path, str | Path] | None = None,
               loader_workers: int = 0, word_vectors: str | Path | None = None) -> TrainingRun:
     """Everything a run needs before its first step, on this process (joining the process group under
-    torchrun). ``augment``: (name, tokens dir, cache) of unlabeled rows of the same kind mixed into training
-    (teacher losses only). ``word_vectors``: a word_vectors table folder, copied into the student's fixed
-    input vectors (ELMo-C); its digest joins the run's identity."""
+    torchrun). ``store_path``: the dataset's teacher cache, or :class:`~distillpipe.teacher.live.LiveSettings` to run
+    the teacher on each batch instead (:mod:`distillpipe.teacher.live`). ``augment``: (name, tokens dir, cache) of
+    unlabeled rows of the same kind mixed into training (teacher losses only). ``word_vectors``: a word_vectors table
+    folder, copied into the student's fixed input vectors (ELMo-C); its digest joins the run's identity."""
     from datasets import load_from_disk
 
     check_names(run.objective, f"run {name}: objective")
     tokens_dir = Path(tokens_dir)
     meta = read_meta(tokens_dir)
     group, dev = join(device)
-    stores = {"dataset": open_store(store_path, {"tokens_fingerprint": meta["fingerprint"], "split": "train"})}
-    signals = stores["dataset"].manifest.signals
-    task = task_spec(meta, run, signals, stores["dataset"].manifest.teacher.config)
+    if isinstance(store_path, LiveSettings):
+        teacher: Path | LiveTeacher = live_teacher(store_path, tokens_dir, str(dev))
+        signals, teacher_config = teacher.spec, teacher.facts.config
+    else:
+        teacher = Path(store_path)
+        store = open_store(teacher, {"tokens_fingerprint": meta["fingerprint"], "split": "train"})
+        signals, teacher_config = store.manifest.signals, store.manifest.teacher.config
+    task = task_spec(meta, run, signals, teacher_config)
     opt = run.optim
 
     seed_everything(opt.seed)
@@ -267,8 +275,9 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     loader_kw = {"batch_size": opt.batch_size, "seed": opt.seed, "block_rows": loader_cfg.block_rows,
                  "buffer_blocks": loader_cfg.buffer_blocks, "streams": loader_cfg.streams,
                  "num_workers": loader_workers, "rank": group.rank, "world": group.world}
-    source = Source(meta["name"], tokens_dir, store_path, names, **loader_kw)
+    source = Source(meta["name"], tokens_dir, teacher, names, **loader_kw)
     sources = [source]
+    by_role = {"dataset": source}
     if augment is not None:
         aug_name, aug_tokens, aug_store = augment
         extra = Source(aug_name, aug_tokens, aug_store, names, **loader_kw)
@@ -276,7 +285,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
             raise TrainDataError(f"augment {aug_name} must have the kind and cached signals of {meta['name']} "
                                  f"({extra.info.kind} vs {source.info.kind}; compare their teacher_cache signals)")
         sources.append(extra)
-        stores["augment"] = extra.loader.dataset.store()
+        by_role["augment"] = extra
     for s in sources:
         s.to(dev)
     data = Mixture(sources, opt.seed)
@@ -310,7 +319,7 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     if "dev" not in splits:
         raise TrainDataError(f"{tokens_dir} has no dev split: the loop evaluates (and early-stops) on dev; give the "
                              "dataset a dev split in prepare (splits.dev > 0)")
-    identity = run_identity(run=run, model_cfg=model_cfg, loader_cfg=loader_cfg, tokens_meta=meta, stores=stores,
+    identity = run_identity(run=run, model_cfg=model_cfg, loader_cfg=loader_cfg, tokens_meta=meta, sources=by_role,
                             init_dir=init_dir, augment=augment, device=dev, processes=group.world,
                             word_vectors=vectors_digest)
     return TrainingRun(name=name, run=run, model_cfg=model_cfg, task=task, meta=meta, group=group, device=dev,

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from distillpipe.compact import Constants
 from distillpipe.data.collate import TrainDataError
 from distillpipe.data.schema import read_meta
 from distillpipe.store import constants as store_constants
-from distillpipe.store.loader import BlockLoader
-from distillpipe.store.reader import open_store
-from distillpipe.store.schema import EMBEDDINGS, SignalSpec, constant_names, subspace_arrays
+from distillpipe.store.loader import BlockLoader, RowTable
+from distillpipe.store.reader import TeacherStore, open_store
+from distillpipe.store.schema import EMBEDDINGS, SignalSpec, constant_names, signal_arrays, subspace_arrays
+from distillpipe.teacher.live import LiveTeacher
 
 log = logging.getLogger(__name__)
 
@@ -51,48 +51,71 @@ class SourceInfo:
 
 
 class Source:
-    """One (tokens, teacher cache) pair; ``loader`` iterates the cache's rows in seeded shuffled blocks."""
+    """One dataset's token rows and where their teacher targets come from: its teacher cache (``teacher`` a store
+    path), or the teacher itself, run on each batch (``teacher`` a :class:`~distillpipe.teacher.live.LiveTeacher`).
+    ``loader`` iterates the rows in seeded shuffled blocks; a live source reads the same rows in the same order as
+    a cache of them would give (:class:`~distillpipe.store.loader.RowTable`), and :meth:`complete` adds their
+    targets, so the training loop cannot tell the two apart."""
 
-    def __init__(self, name: str, tokens_dir: str | Path, store_path: str | Path, names: Sequence[str], *,
+    def __init__(self, name: str, tokens_dir: str | Path, teacher: str | Path | LiveTeacher, names: Sequence[str], *,
                  batch_size: int, seed: int, block_rows: int, buffer_blocks: int, streams: int,
                  num_workers: int = 0, rank: int = 0, world: int = 1):
         """``batch_size`` is the global batch; this process (``rank`` of ``world``) gets its streams' part of it,
         read by ``num_workers`` DataLoader workers (see :mod:`distillpipe.store.loader`)."""
         from datasets import load_from_disk
 
-        tokens_dir, store_path = Path(tokens_dir), Path(store_path)
+        tokens_dir = Path(tokens_dir)
         meta = read_meta(tokens_dir)
         expected = {"teacher": {"tokenizer_sha256": meta["tokenizer"]["sha256"]},
                     "tokens_fingerprint": meta["fingerprint"], "split": "train"}
-        store = open_store(store_path, expected)  # refuses a stale or unfinished cache, naming the field
-        missing = [n for n in names if n not in store.layout]
+        self.live: LiveTeacher | None = teacher if isinstance(teacher, LiveTeacher) else None
+        self.store: TeacherStore | None = None
+        if self.live is None:
+            self.store = open_store(Path(teacher), expected)  # refuses a stale or unfinished cache, naming the field
+            signals, available, where = self.store.manifest.signals, set(self.store.layout), str(teacher)
+            rows_source: Path | RowTable = Path(teacher)
+        else:
+            signals, available = self.live.spec, set(signal_arrays(self.live.spec))
+            where, rows_source = f"the live teacher {self.live.teacher_dir}", self.live.rows
+        missing = [n for n in names if n not in available]
         if missing:
             raise TrainDataError(
-                f"{store_path} has no {missing} (it has {list(store.arrays)}): the loss terms of this run need "
+                f"{where} has no {missing} (it has {sorted(available)}): the loss terms of this run need "
                 f"them; add the signals to teacher_cache.datasets.{name}.signals or set their loss_weights to 0")
         data = load_from_disk(str(tokens_dir))
         if "train" not in data:
             raise TrainDataError(f"{tokens_dir} has no train split (splits: {list(data)})")
         self.rows = data["train"]
-        if store.n_rows > len(self.rows):
-            raise TrainDataError(f"{store_path} has {store.n_rows} rows but {tokens_dir} train has {len(self.rows)}")
+        n_rows = self.store.n_rows if self.store is not None else self.live.rows.n_rows
+        if n_rows > len(self.rows):
+            raise TrainDataError(f"{where} has {n_rows} rows but {tokens_dir} train has {len(self.rows)}")
         self.info = SourceInfo(name=name, kind=meta["kind"], task_type=meta["task_type"],
-                               labeled=bool(meta.get("labeled", True)), signals=store.manifest.signals, meta=meta)
+                               labeled=bool(meta.get("labeled", True)), signals=signals, meta=meta)
         self.pad_id = int(meta["tokenizer"]["pad_id"])
+        read = ["length"] if self.live is not None else list(dict.fromkeys(["length", *names]))
         try:
-            self.loader = BlockLoader(store_path, list(dict.fromkeys(["length", *names])), block_rows=block_rows,
-                                      buffer_blocks=buffer_blocks, seed=seed, expected=expected,
-                                      batch_size=batch_size, streams=streams, num_workers=num_workers, rank=rank,
-                                      world=world)
+            self.loader = BlockLoader(rows_source, read, block_rows=block_rows, buffer_blocks=buffer_blocks, seed=seed,
+                                      expected=expected, batch_size=batch_size, streams=streams,
+                                      num_workers=num_workers, rank=rank, world=world)
         except ValueError as e:  # sizes that do not fit together: the message names the params to change
             raise TrainDataError(f"{name}: {e}") from None
         self.columns = _columns(self.info.kind, self.rows.column_names)
         self._cols = self.rows.select_columns(self.columns)
-        signals = self.info.signals
-        self.constants: Constants | None = store_constants.load(store_path, signals) if constant_names(signals) \
-            else None
-        """The store's subspaces and derived embedding layer (checked against its constants marker), moved to the
-        training device by :meth:`to`."""
+        if self.live is not None:
+            self.constants = self.live.constants
+        else:
+            self.constants = store_constants.load(teacher, signals) if constant_names(signals) else None
+        """The subspaces and derived embedding layer (the store's, checked against its constants marker, or the live
+        teacher's own fit), moved to the training device by :meth:`to`."""
+
+    @property
+    def teacher_config(self) -> dict:
+        """The teacher's model config (a regression task's bin width is in it)."""
+        return dict(self.store.manifest.teacher.config) if self.store is not None else self.live.facts.config
+
+    def identity(self) -> Any:
+        """What decides this source's targets, as digests (part of a run's identity)."""
+        return self.store.content_sha256() if self.store is not None else self.live.identity
 
     def to(self, device: torch.device) -> Source:
         if self.constants is not None:
@@ -100,8 +123,11 @@ class Source:
         return self
 
     def complete(self, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]) -> None:
-        """Add to a collated batch's ``targets`` (on the device) what this source's cache derives rather than stores:
-        each layer's subspace under its constant names, and the embedding output (:mod:`distillpipe.compact`)."""
+        """Add to a collated batch's ``targets`` (on the device) what the cache does not hold as rows: with a live
+        teacher every signal, computed on this batch; each layer's subspace under its constant names, and the
+        embedding output (:mod:`distillpipe.compact`)."""
+        if self.live is not None:
+            targets.update(self.live.targets(batch))
         c = self.constants
         if c is None:
             return

@@ -88,7 +88,8 @@ def restore(r: TrainingRun) -> bool:
     if state is None:
         return False
     for source in r.sources:  # every byte the resumed run reads must be what the first part read
-        open_store(source.loader.dataset.store_path, verify=True)
+        if source.store is not None:
+            open_store(source.store.root, verify=True)
     r.trainable.load_state_dict(state["model"])
     r.optimizer.load_state_dict(state["optimizer"])
     r.data.load_state_dict(state["loader"])
