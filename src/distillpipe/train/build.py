@@ -26,6 +26,7 @@ from distillpipe.evaluate.student import primary_metric
 from distillpipe.identity import code_identity, json_sha256, sha256_dir, stage_code
 from distillpipe.runtime import adamw, rng_state, seed_everything, set_rng_state
 from distillpipe.scale.ddp import ProcessGroup, join
+from distillpipe.store.anchor import prove_store
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
@@ -236,6 +237,8 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     tokens_dir = Path(tokens_dir)
     meta = read_meta(tokens_dir)
     group, dev = join(device)
+    for path in (store_path, *(augment or ())[2:]):
+        prove_store(path)  # its files are the ones git's dvc.lock names, before anything reads them
     stores = {"dataset": open_store(store_path, {"tokens_fingerprint": meta["fingerprint"], "split": "train"})}
     signals = stores["dataset"].manifest.signals
     task = task_spec(meta, run, signals, stores["dataset"].manifest.teacher.config)
