@@ -304,8 +304,8 @@ def _altered_text(anchor: Anchor, bad: list[str]) -> str:
         return (f"{head}; this clone's DVC cache lacks it: run `dvc pull --force {anchor.path}` ({anchor.source}), "
                 f"or rebuild it with `dvc repro -f {anchor.stage}`")
     if not same and cached == expected:
-        return (f"{head}; it changed in the workspace after checkout (the DVC cache holds the right bytes): run "
-                f"`dvc checkout --force {anchor.path}`")
+        return (f"{head}; it changed in the workspace after checkout (the DVC cache holds the right bytes): delete "
+                f"{anchor.path}/{rel} and run `dvc checkout {anchor.path}`")
     return (f"{head}; it came from {anchor.source} through this clone's DVC cache ({obj}), which holds altered "
             f"bytes under that name: the remote's copy was altered or damaged. Delete {obj}, set `dvc remote modify "
             f"{anchor.remote} verify true` and run `dvc pull --force {anchor.path}` (DVC then refuses an altered "
