@@ -97,16 +97,21 @@ def team_remote(kind: str, tmp: Path) -> Iterator[Remote]:
 def killed_push(repo: Path, remote: Remote) -> int:
     """Start `dvc push` with the server slowed down, SIGKILL its process group once a few files have arrived:
     files in flight are cut off. Returns the count of files the server had received whole."""
-    remote.server.throttle_s = 0.05 if remote.kind == "sftp" else 0.2
+    remote.server.throttle_s = 0.05 if remote.kind == "sftp" else 0.5
     remote.reset_count()
-    proc = subprocess.Popen([DVC, "push"], cwd=repo, env=env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while remote.received() < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    log = repo.parent / f"{repo.name}-killed-push.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen([DVC, "push"], cwd=repo, env=env(), stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while remote.received() < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ended = proc.poll()
+        if ended is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     remote.server.throttle_s = 0.0
+    assert ended is None, f"`dvc push` ended (status {ended}) before it could be killed:\n{log.read_text()}"
     return remote.received()
 
 

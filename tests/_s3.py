@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
+import uuid
 from typing import Any
 
 import boto3
@@ -27,8 +29,8 @@ class _QuietHandler(MotoRequestHandler):
 class S3Server:
     """``with S3Server() as s3:``, then ``s3.url(prefix)``, ``s3.remote_options()`` and ``s3.client()``."""
 
-    def __init__(self, bucket: str = "team-bucket"):
-        self.bucket = bucket
+    def __init__(self):
+        self.bucket = f"team-{uuid.uuid4().hex[:12]}"  # moto's backend is one per process: a bucket per server
         self.throttle_s = 0.0
         self.objects_put = 0
         self.port = 0
@@ -56,6 +58,7 @@ class S3Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30)
         self._server.shutdown()
         self._thread.join(30)
 
