@@ -136,7 +136,7 @@ def find_anchor(store: str | Path) -> tuple[Anchor | None, str]:
     ``dvc.lock`` names the store but this clone's DVC cache lacks its listing or holds another one under its name.
 
     Reads DVC's config (the cache folder, the default remote) and git (``dvc.lock`` at ``HEAD``) with DVC's own
-    libraries, without opening the whole repository (~0.3 s instead of ~0.6)."""
+    libraries, without opening the whole repository (~0.15 s a process, imports included, instead of ~0.6)."""
     from dvc.config import Config
     from scmrepo.exceptions import SCMError
     from scmrepo.git import Git
@@ -150,11 +150,11 @@ def find_anchor(store: str | Path) -> tuple[Anchor | None, str]:
     if config["core"].get("no_scm"):
         return None, "its DVC repository has no git (core.no_scm)"
     try:
-        git = Git(str(root))
-        commit = git.get_rev()
-        lock_in_git = Path(os.path.relpath(root / "dvc.lock", git.root_dir)).as_posix()
-        fs = git.get_fs(commit)
-        committed = fs.read_text(lock_in_git) if fs.exists(lock_in_git) else None
+        with Git(str(root)) as git:
+            commit = git.get_rev()
+            lock_in_git = Path(os.path.relpath(root / "dvc.lock", git.root_dir)).as_posix()
+            fs = git.get_fs(commit)
+            committed = fs.read_text(lock_in_git) if fs.exists(lock_in_git) else None
     except SCMError:  # no git repository, or no commit yet
         committed = None
     if committed is None:
