@@ -20,6 +20,8 @@ def _outputs(repo):
             for p in (repo / top).rglob("*") if p.is_file() and not p.name.endswith(".zarr.lock")}
 
 
+@pytest.mark.slow  # ~20 s (make test-all). make test keeps S3 in tests/test_dvc_remote_trust.py: a push, pulls and an
+# altered object refused; the real pipeline over S3 (push killed, partial pull, altered cache): tests/test_dvc_remote.py
 def test_push_killed_and_rerun_full_pull_and_partial_pull_over_s3(tmp_path):
     a = store_repo(tmp_path / "A", small_store(tmp_path / "toy.zarr"), stages=("teacher_cache", "other"))
     with team_remote("s3", tmp_path) as remote:
