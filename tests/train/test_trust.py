@@ -1,17 +1,21 @@
 """What a training run trusts: it resumes only a checkpoint of the same identity (params, the content of its
 tokens, teacher cache and init weights, its code), and it never trains on a damaged teacher cache: a
-deleted, truncated or altered shard file stops it with exit 2 and a message naming the shard and the fix."""
+deleted, truncated or altered shard file stops it with exit 2 and a message naming the shard and the fix; nor on a
+cache that is not what the committed dvc.lock names, however consistent its checksums (store/anchor.py)."""
 
 import json
 import shutil
 
 import pytest
 import torch
+from _forge import forged_shard
+from _remotes import STORE, listing_of, store_repo
 from _tiny import invoke_train_cli, make_classification_store, run_train_cli, write_params
 
 from distillpipe.config.base import build
 from distillpipe.config.run import LoaderConfig
 from distillpipe.config.train import TrainRunConfig
+from distillpipe.store.reader import open_store
 from distillpipe.store.shards import read_marker
 from distillpipe.train.loop import train_student
 
@@ -88,6 +92,7 @@ def test_same_identity_still_resumes(toy, tmp_path):
     resumed = invoke_train_cli("r", tokens=toy["tokens"], store=toy["store"], prepared=toy["tokens"],
                                out=tmp_path / "r", params=params)  # in this process: no ~5 s of imports
     assert resumed.returncode == 0 and "resuming r at step 8/24" in resumed.stderr, resumed.stderr
+    assert f"teacher cache {toy['store']} is unanchored (not inside a DVC repository)" in resumed.stderr
 
 
 def _shard_file(store, i=1):
@@ -145,3 +150,28 @@ def test_resuming_run_verifies_every_checksum(toy, tmp_path):
                            params=params)  # resumed in this process: no ~5 s of imports
     assert res.returncode == 2 and "shard 2:" in res.stderr and "fails its crc32c" in res.stderr, res.stderr
     assert json.loads((store / "zarr.json").read_text())  # the store itself is left as it was
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
+def test_training_refuses_a_cache_that_is_not_what_the_committed_dvc_lock_names(toy, tmp_path):
+    """What a pull without verification leaves of a shard altered on the remote, crc32c values and marker made to
+    match: the DVC cache and the workspace hold the forged bytes. The run stops before its first step, with one line
+    (tests/test_dvc_remote_trust.py pulls such a store from real remotes)."""
+    a = store_repo(tmp_path / "A", toy["store"])
+    listing = listing_of(a)
+    for rel, data in forged_shard(a / STORE, 1).items():
+        for path in (a / ".dvc/cache/files/md5" / listing[rel][:2] / listing[rel][2:], a / STORE / rel):
+            path.chmod(0o644)
+            path.write_bytes(data)
+    open_store(a / STORE, verify=True)  # every check of the store's own passes
+    params = write_params(tmp_path / "params.yaml", {"train": {"device": "cpu", "loader": LOADER,
+                                                               "runs": {"r": _run(model=MODEL)}}})
+    res = invoke_train_cli("r", tokens=toy["tokens"], store=a / STORE, prepared=toy["tokens"], out=tmp_path / "r",
+                           params=params)
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert errors[0].startswith(f"error: teacher cache {STORE}: logits shard 1 (logits/c/1/0; and 1 more: the "
+                                "completion marker of shard 1) is not the file the committed dvc.lock names")
+    assert "dvc repro -f teacher_cache" in errors[0]
+    assert not (tmp_path / "r" / "model.pt").exists()

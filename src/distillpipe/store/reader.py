@@ -36,6 +36,7 @@ import numpy as np
 import zarr
 
 from distillpipe.store import constants
+from distillpipe.store.anchor import explain_missing
 from distillpipe.store.codec import ShardCodec, codec_pool, codec_threads
 from distillpipe.store.lock import StoreLocked, writer_active
 from distillpipe.store.manifest import MANIFEST_KEY, Manifest, StoreDamaged, StoreIncomplete, check_manifest
@@ -266,10 +267,10 @@ def open_store(
     if owner is not None and not allow_incomplete:  # inspecting a build in progress is fine; using it is not
         raise StoreLocked(f"teacher cache {root} is being written right now ({owner}); wait for the teacher_cache "
                           "stage to finish")
-    if not (root / "zarr.json").is_file():
-        raise FileNotFoundError(
-            f"no teacher cache at {root}: run `dvc repro teacher_cache` (or `dvc pull` it from the remote)"
-        )
+    if not (root / "zarr.json").is_file():  # what git's dvc.lock says of it when it names it (store/anchor.py)
+        raise FileNotFoundError(explain_missing(root) or
+                                f"no teacher cache at {root}: run `dvc repro teacher_cache` (or `dvc pull` it from the "
+                                "remote)")
     attrs = zarr.open_group(str(root), mode="r").attrs.asdict()
     if MANIFEST_KEY not in attrs:
         raise ValueError(f"{root} is a Zarr group without a teacher-cache manifest; its creation was interrupted "

@@ -26,6 +26,7 @@ from distillpipe.evaluate.student import primary_metric
 from distillpipe.identity import code_identity, json_sha256, sha256_dir, stage_code
 from distillpipe.runtime import adamw, rng_state, seed_everything, set_rng_state
 from distillpipe.scale.ddp import ProcessGroup, join
+from distillpipe.store.anchor import prove_store
 from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
@@ -239,6 +240,9 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     tokens_dir = Path(tokens_dir)
     meta = read_meta(tokens_dir)
     group, dev = join(device)
+    for path in (store_path, *(augment or ())[2:]):
+        if not isinstance(path, LiveSettings):
+            prove_store(path)  # its files are the ones git's dvc.lock names, before anything reads them
     if isinstance(store_path, LiveSettings):
         teacher: Path | LiveTeacher = live_teacher(store_path, tokens_dir, str(dev))
         signals, teacher_config = teacher.spec, teacher.facts.config
