@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distillpipe.data.batching import pad_sequences
+from distillpipe.data.batching import length_mask, pad_sequences
 from distillpipe.data.schema import regression_bins
 from distillpipe.errors import UserError
-from distillpipe.pooling import length_mask, n_groups
+from distillpipe.pooling import n_groups
 from distillpipe.store.schema import (
     ATTN_PROBS,
     ATTN_SCORES,
