@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup setup-dev repro test test-all bench gpu-check deps params-style clean
+.PHONY: setup setup-dev repro test test-slow test-all bench gpu-check deps params-style clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -33,6 +33,11 @@ repro: setup
 
 test: setup-dev
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest
+
+# the proofs of the trust promises (kills at random moments, code edits that rebuild a store, `dvc exp run -S`, remotes):
+# the tests marked slow, which `make test` leaves out; CI (.ci/run) runs them after `make test`
+test-slow: setup-dev
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest -m slow
 
 test-all: setup-dev
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest -m ""

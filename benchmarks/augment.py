@@ -27,8 +27,9 @@ from distillpipe.config.decoding import GreedyDecodingConfig
 from distillpipe.config.qg_finetune import QgFinetuneConfig, QgScratchModelConfig
 from distillpipe.data.sources.base import Skips
 from distillpipe.data.sources.wiki import wiki_articles
+from distillpipe.qg.finetune import build_scratch_t5
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
-from distillpipe.qg.model import build_scratch_t5, load_pretrained_t5, source_text
+from distillpipe.qg.model import load_pretrained_t5, source_text
 from distillpipe.qg.vocab import SPM_FILE, load_spm_tokenizer, train_sentencepiece
 from distillpipe.runtime import resolve_device, seed_everything
 

@@ -170,8 +170,7 @@ class Case:
         self._sync()
         t = time.perf_counter()
         for rows in batches:
-            batch, _ = collate(rows, None, kind=r.task.kind, pad_id=r.task.pad_id, labeled=True, pairs=False,
-                               pool=spec.pool)
+            batch, _ = collate(rows, kind=r.task.kind, pad_id=r.task.pad_id, labeled=True, pairs=False)
             batch["attention_mask"] = batch["attention_mask"].long()
             arrays = to_host(capture_batch(self.teacher, batch, spec))  # fp16, as cached; batch-length shapes
             train_step(r, source, rows, arrays)

@@ -52,6 +52,7 @@ from distillpipe.store.reader import open_store
 from distillpipe.store.schema import EMBEDDINGS, constant_names
 from distillpipe.teacher.cache import build_teacher_cache
 from distillpipe.train.build import build_run
+from distillpipe.train.data import teacher_targets
 from distillpipe.train.loop import train_step
 from distillpipe.train.terms import BY_NAME, Step
 
@@ -151,8 +152,8 @@ def dev_terms(r, train_store: Path, dev_store: Path, tokens: Path, batch_size: i
         b = min(dev.n_rows, a + batch_size)
         arrays = dev.read(list(dev.layout), a, b)
         idx = arrays.pop("row_index").tolist()
-        batch, targets = collate(cols[idx], arrays, kind=r.task.kind, pad_id=r.task.pad_id, labeled=True,
-                                 pairs=False, pool=spec.pool)
+        batch, targets = collate(cols[idx], kind=r.task.kind, pad_id=r.task.pad_id, labeled=True, pairs=False)
+        targets |= teacher_targets(arrays, batch["attention_mask"], spec.pool)
         if dev_c is not None and dev_c.embeddings is not None:
             targets[EMBEDDINGS] = dev_c.embeddings(batch["input_ids"], batch["token_type_ids"],
                                                    batch["attention_mask"])

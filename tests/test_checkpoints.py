@@ -4,7 +4,8 @@ older checkpoints untouched, no partial file; and no checkpoint unpickled: a cra
 message and runs no code, one of an older version starts the run over, a damaged one falls back; the Checkpointer:
 due by a (fake) clock, staged so training may go on, tied tensors kept tied, one write in flight, a full disk raised
 in the training thread, a write SIGKILLed mid-file leaves the previous checkpoint, and SIGKILLs at random moments of a
-run resume to the uninterrupted weights."""
+run (at different steps by construction, on any machine) each resume where the kill left the run, and end at the
+uninterrupted weights."""
 
 import errno
 import logging
@@ -365,15 +366,17 @@ def test_a_background_write_killed_mid_file_leaves_the_previous_checkpoint_usabl
 
 
 # A small training loop that checkpoints the way the stages do (model, optimizer, scheduler, RNG states, the position
-# in the epoch; resume_or_restart; a Checkpointer, here after every step so that kills land mid-write too). Run with a
-# folder it checkpoints and resumes there; with "-" it is the uninterrupted reference, with no checkpoint code at all.
+# in the epoch; resume_or_restart; a Checkpointer, here after every step). Run with a folder it checkpoints and resumes
+# there, prints the step it starts from, and with a pause "<step>:before" or "<step>:after" stops at that step, before
+# or after handing its checkpoint to the background writer, says so and waits on stdin (for the SIGKILL); with "-"
+# it is the uninterrupted reference, with no checkpoint code at all.
 TOY_TRAINING = """
-import sys, time
+import sys
 import torch
 from distillpipe.checkpoints import Checkpointer, resume_or_restart
 from distillpipe.runtime import rng_state, seed_everything, set_rng_state
 
-def train(folder, steps=60, started=None):
+def train(folder, steps=60, pause=None):
     seed_everything(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Dropout(0.2), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 64))
@@ -389,8 +392,8 @@ def train(folder, steps=60, started=None):
             sched.load_state_dict(state["scheduler"]), set_rng_state(state["rng"])
             step, pos = state["step"], state["pos"]
         ck = Checkpointer(folder, 0)
-    if started:
-        open(started, "w").close()
+        print(f"from {step}", flush=True)
+    at, where = pause.split(":") if pause else (None, None)
     while step < steps:
         order = torch.randperm(960, generator=torch.Generator().manual_seed(step // 30))  # an epoch: 30 batches
         idx = order[pos * 32:(pos + 1) * 32]
@@ -398,21 +401,31 @@ def train(folder, steps=60, started=None):
         loss.backward()
         opt.step(), sched.step(), opt.zero_grad()
         step, pos = step + 1, (pos + 1) % 30
-        if ck is not None and ck.due():
-            ck.save(step, {"run_id": "toy", "model": model.state_dict(), "optimizer": opt.state_dict(),
-                           "scheduler": sched.state_dict(), "rng": rng_state(), "step": step, "pos": pos})
+        for moment in ("before", "after"):
+            if str(step) == at and moment == where:
+                print(f"paused {step}:{where}", flush=True)
+                sys.stdin.readline()  # the test kills the process here
+            if moment == "before" and ck is not None and ck.due():
+                ck.save(step, {"run_id": "toy", "model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "scheduler": sched.state_dict(), "rng": rng_state(), "step": step, "pos": pos})
     if ck is not None:
         ck.wait()
     return model.state_dict()
 
 if __name__ == "__main__":
-    weights = train(sys.argv[1], started=sys.argv[3])
+    weights = train(sys.argv[1], pause=sys.argv[3] if len(sys.argv) > 3 else None)
     torch.save(weights, sys.argv[2])
 """
 
 
 @pytest.mark.slow  # ~20-30 s on 2 busy cores: 5 processes, each importing torch
 def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_weights(tmp_path):
+    """Four SIGKILLs at random moments of a 60-step run, each in another quarter of it, so at different steps by
+    construction whatever the machine's speed (the run stops at the chosen step and waits for its kill), two before
+    a step's checkpoint is handed to the background writer (the previous one may be in flight) and two after it (its
+    own may be), plus up to 20 ms more for the writer to go on. Each rerun resumes from the newest checkpoint the
+    kill left, which must be one of the two the moment allows, never from scratch; the fifth run finishes, and its
+    weights are the uninterrupted run's, bit for bit."""
     import signal
     import subprocess
     import sys
@@ -429,32 +442,46 @@ def test_sigkill_at_random_moments_then_resume_equals_the_uninterrupted_weights(
     finally:
         torch.set_num_threads(threads)
 
-    folder, out, started = tmp_path / "ckpt", tmp_path / "weights.pt", tmp_path / "started"
+    folder, out = tmp_path / "ckpt", tmp_path / "weights.pt"
     rng = random.Random(0)
-    kills, resumed_at = 0, []
+    pauses = [f"{rng.randrange(lo, lo + 10)}:{where}" for lo, where in zip((4, 19, 34, 49), ("before", "after") * 2)]
 
-    def run():
-        started.unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, str(script), str(folder), str(out), str(started)],
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
-        while not started.exists() and proc.poll() is None:
-            time.sleep(0.005)
-        return proc
+    watchdogs = []
 
-    for _ in range(4):
-        proc = run()
-        try:
-            proc.wait(timeout=rng.uniform(0.02, 0.5))  # a moment in training: mid-step, mid-staging or mid-write
-            break  # finished first
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            newest = list_checkpoints(folder)
-            resumed_at.append(int(newest[-1].name[5:14]) if newest else 0)
-    proc = run()
-    assert proc.wait(timeout=120) == 0, proc.stderr.read()
-    assert out.exists(), "the run never finished"
-    assert kills >= 2 and len(set(resumed_at)) >= 2, (kills, resumed_at)  # killed at different places
+    def run(*pause: str) -> tuple[subprocess.Popen, int]:
+        proc = subprocess.Popen([sys.executable, str(script), str(folder), str(out), *pause],
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watchdogs.append(threading.Timer(300, proc.kill))  # a hung run fails the test (readline gets "")
+        watchdogs[-1].daemon = True
+        watchdogs[-1].start()
+        first = proc.stdout.readline()
+        assert first.startswith("from "), (first, proc.stderr.read() if proc.poll() is not None else "")
+        return proc, int(first.split()[1])
+
+    def newest() -> int:
+        found = list_checkpoints(folder)
+        return int(found[-1].name[5:14]) if found else 0
+
+    starts, left = [], [0]
+    for pause in pauses:
+        proc, start = run(pause)
+        starts.append(start)
+        said = proc.stdout.readline().strip()
+        assert said == f"paused {pause}", (said, proc.stderr.read())
+        time.sleep(rng.uniform(0, 0.02))
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+        step, where = int(pause.split(":")[0]), pause.split(":")[1]
+        allowed = {step - 2, step - 1} if where == "before" else {step - 1, step}
+        assert newest() in allowed, (pause, newest(), [p.name for p in folder.iterdir()])
+        left.append(newest())
+    proc, start = run()
+    starts.append(start)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    for watchdog in watchdogs:
+        watchdog.cancel()
+    assert starts == left, (pauses, starts, left)  # each run went on from where the kill left it, never from 0
+    assert len(set(starts)) == len(starts) == 5, starts
     got = torch.load(out, weights_only=True)
     assert got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in got)

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,8 @@ from typer.testing import CliRunner
 from distillpipe.cli import app
 from distillpipe.commands.dvc_deps import DepsError, generate
 from distillpipe.config.students import ARCHITECTURES
-from distillpipe.fingerprints import CodeLayoutError, documents, stale
-from distillpipe.identity import import_closure
+from distillpipe.fingerprints import FOLDER, CodeLayoutError, documents, stage_scripts, stale
+from distillpipe.identity import fingerprint_file, import_closure, python_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = re.compile(r"\bpython3?\s+(?:-m\s+(stages\.\w+)|(stages/\w+\.py))")
@@ -298,8 +299,8 @@ def test_a_dvc_yaml_of_source_deps_gets_the_fingerprint_stage(copy):
 
 def test_a_module_changes_exactly_the_fingerprints_of_the_stages_that_import_it(copy):
     """A module no stage imports changes no fingerprint file; the same module imported by the data sources changes
-    the files of exactly the scripts whose closure holds the sources (prepare and augment), and a comment in it
-    then changes none."""
+    the files of exactly the scripts whose closure holds the sources (prepare: augment writes a prepared dataset
+    through data/features.py, not the sources), and a comment in it then changes none."""
     before = documents(copy)
     (copy / "src/distillpipe/data/sources/scratch.py").write_text("X = 1\n")
     assert documents(copy) == before
@@ -311,7 +312,7 @@ def test_a_module_changes_exactly_the_fingerprints_of_the_stages_that_import_it(
                      if "src/distillpipe/data/sources/__init__.py" in
                      {p.relative_to(copy).as_posix() for p in import_closure(
                          scripts=[s], package_dir=copy / "src" / "distillpipe")})
-    assert changed == holders and "fingerprints/augment.json" in changed and "fingerprints/train.json" not in changed
+    assert changed == holders == ["fingerprints/prepare.json"]
     assert all("src/distillpipe/data/sources/scratch.py" in json.loads(after[k])["files"] for k in changed)
     (copy / "src/distillpipe/data/sources/scratch.py").write_text('"""Scratch."""\n\n# one\nX = (1)  # two\n')
     assert documents(copy) == after
@@ -353,6 +354,134 @@ def test_the_fingerprint_command_writes_and_checks(copy):
     (out / "gone.json").write_text("{}")  # a script that no longer exists
     res = CliRunner().invoke(app, ["fingerprint", "--root", str(copy), "--out", str(out)])
     assert "removed fingerprints/gone.json" in res.output and not (out / "gone.json").exists(), res.output
+
+
+# -- which stage groups each shared module reaches: the reviewed table of docs/code-deps.md ----------------------
+
+CODE_DEPS = ROOT / "docs" / "code-deps.md"
+REACH = "## Which stages a shared module reaches"
+DOCSTRING_ONLY = python_fingerprint('""""""')
+POOLING_STAGES = {"teacher_cache", "train", "train_aug", "train_lm", "finetune"}
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """The markdown tables of the section ``REACH`` of ``text``: each a list of rows of cells, without the header
+    and its rule."""
+    assert REACH in text, f"docs/code-deps.md has no section {REACH!r}"
+    tables, rows = [], []
+    for line in [*text.split(REACH, 1)[1].split("\n## ", 1)[0].splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append(rows[2:])
+            rows = []
+    return tables
+
+
+def reach_table(text: str) -> tuple[dict[str, list[str]], dict[str, set[str]]]:
+    """(each group: its stage scripts, each module: the groups its row lists), from the section's last two tables.
+    A row may name several modules (each in backticks); modules are relative to ``src/distillpipe/``."""
+    *_, group_rows, module_rows = _tables(text)
+    groups = {row[0]: re.findall(r"`(\w+)`", row[1]) for row in group_rows}
+    modules: dict[str, set[str]] = {}
+    for row in module_rows:
+        for m in re.findall(r"`([\w/]+\.py)`", row[0]):
+            assert f"src/distillpipe/{m}" not in modules, f"docs/code-deps.md: {m} has two rows"
+            modules[f"src/distillpipe/{m}"] = {g.strip() for g in row[1].split(",")}
+    return groups, modules
+
+
+def reach(root: Path, groups: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Each file the stages' fingerprint files hold (as ``distillpipe fingerprint`` writes them for ``root``): the
+    groups of the stages that hold it. An architecture's own file is its items' alone (the section above)."""
+    group_of = {s: g for g, scripts in groups.items() for s in scripts}
+    out: dict[str, set[str]] = defaultdict(set)
+    for rel, text in documents(root).items():
+        if not rel.startswith(f"{FOLDER}/students/"):
+            doc = json.loads(text)
+            for f in doc["files"]:
+                out[f].add(group_of[doc["stage"]])
+    return out
+
+
+def reach_problems(root: Path, text: str) -> list[str]:
+    """Where the table in ``text`` differs from what the fingerprints of the code under ``root`` hold, each with
+    what to do."""
+    groups, table = reach_table(text)
+    scripts = sorted(Path(s).stem for s in stage_scripts(root))
+    listed = sorted(s for members in groups.values() for s in members)
+    if listed != scripts:
+        return [f"the groups hold the stage scripts {listed}, stages/ has {scripts}: give each script one group"]
+    got = reach(root, groups)
+    shared = {f: g for f, g in got.items() if f.startswith("src/") and len(g) > 1
+              and not (f.endswith("/__init__.py") and fingerprint_file(root / f) == DOCSTRING_ONLY)}
+
+    def row(f: str) -> str:
+        return f"| `{f.removeprefix('src/distillpipe/')}` | {', '.join(g for g in groups if g in shared[f])} | <why> |"
+
+    problems = []
+    for f in sorted(shared):
+        if f not in table:
+            problems.append(f"{f} reaches {sorted(shared[f])} and has no row: review that, then add {row(f)}")
+        elif table[f] != shared[f]:
+            wider = sorted(shared[f] - table[f])
+            what = f"now reaches {wider} too" if wider else f"reaches only {sorted(shared[f])}"
+            problems.append(f"{f} {what} (its row: {sorted(table[f])}): review that, then write {row(f)}, or "
+                            "move what those stages call out of it")
+    for f in sorted(set(table) - set(shared)):
+        problems.append(f"{f} has a row but reaches {sorted(got.get(f, set()))}: remove the row")
+    return problems
+
+
+def test_the_table_of_what_each_shared_module_reaches_is_what_the_fingerprints_hold():
+    """docs/code-deps.md's reviewed table lists exactly the groups each shared module reaches, computed here from the
+    fingerprint files; a commit that widens a stage's closure must change the table."""
+    problems = reach_problems(ROOT, CODE_DEPS.read_text())
+    assert not problems, "docs/code-deps.md, " + REACH.lstrip("# ") + ":\n" + "\n".join(problems)
+
+
+def test_the_table_check_catches_a_widened_closure_a_missing_row_and_a_stale_one(copy):
+    """The check above can fail: the code that made a pooling edit re-run the teacher fine-tunings (data/batching.py
+    importing pooling.py) is refused, naming the new groups and the row to write; so are a shared module without a
+    row and a row for a module that reaches one group; a stage script in no group too."""
+    text = CODE_DEPS.read_text()
+    assert reach_problems(copy, text) == []
+    batching = copy / "src/distillpipe/data/batching.py"
+    source = batching.read_text()
+    batching.write_text(source + "\nfrom distillpipe.pooling import n_groups  # noqa: E402, F401\n")
+    problems = reach_problems(copy, text)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("src/distillpipe/pooling.py now reaches ['evaluation', 'qg', 'teacher'] too")
+    assert "| `pooling.py` | teacher, teacher_cache, qg, students, evaluation | <why> |" in problems[0]
+    batching.write_text(source)
+    row = next(line for line in text.splitlines() if line.startswith("| `data/subset.py` |"))
+    assert reach_problems(copy, text.replace(row + "\n", "")) == [
+        "src/distillpipe/data/subset.py reaches ['data', 'teacher_cache'] and has no row: review that, then add "
+        "| `data/subset.py` | data, teacher_cache | <why> |"]
+    stale_row = "| `qg/model.py` | qg | the generator |\n"
+    assert reach_problems(copy, text.replace(row + "\n", row + "\n" + stale_row)) == [
+        "src/distillpipe/qg/model.py has a row but reaches ['qg']: remove the row"]
+    assert "give each script one group" in reach_problems(copy, text.replace(", `word_vectors` |", " |"))[0]
+
+
+def test_a_behavioural_edit_in_pooling_reaches_only_the_stages_that_pool(copy):
+    """docs/code-deps.md's example, found by meaning (the first value the capture's average pooling returns,
+    doubled): the fingerprints of exactly the teacher cache and the student trainings change, and by DVC's own
+    resolution of this dvc.yaml no teacher_finetune, qg_finetune, augment or evaluate item depends on one of them."""
+    from _edits import edit_function, scale_first_returned
+    from dvc.repo import Repo
+
+    import distillpipe.teacher.capture as capture
+
+    before = documents(copy)
+    rel = edit_function(copy, capture.avg_pool_seq, scale_first_returned("2"))
+    assert rel == "src/distillpipe/pooling.py"
+    after = documents(copy)
+    changed = {k for k in before if after[k] != before[k]}
+    assert {json.loads(before[k])["stage"] for k in changed} == POOLING_STAGES
+    with Repo(str(ROOT)) as repo:
+        reached = {s.addressing for s in repo.index.stages if {str(d.def_path) for d in s.deps} & changed}
+    assert {a.split("@")[0] for a in reached} == POOLING_STAGES, sorted(reached)
 
 
 # -- in a real DVC repository ----------------------------------------------------------------------------------

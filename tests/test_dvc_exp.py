@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import yaml
-from _dvc import DVC, ROOT, sh
+from _dvc import DVC, ROOT, sh, working_tree_repo
 
 SLOW_LR = "train.runs.waldorf-slow.optim.lr"
 
@@ -75,10 +75,15 @@ def _paths(entries) -> list[str]:
 
 
 def stub_pipeline(real: dict) -> dict:
-    """The real dvc.yaml with every command replaced by STUB over the same outs, data deps and params: DVC decides
-    what re-runs from exactly these, so the stand-in reproduces the real pipeline's re-run decisions."""
+    """The real dvc.yaml with every command but the fingerprint stage's replaced by STUB over the same outs, deps and
+    params: DVC decides what re-runs from exactly these, so the stand-in reproduces the real pipeline's re-run
+    decisions. The fingerprint stage stays real (seconds): it reads the source and writes the fingerprint files that
+    every other stage depends on."""
     stages = {}
     for name, stage in real["stages"].items():
+        if name == "fingerprint":
+            stages[name] = stage
+            continue
         body = dict(stage.get("do", stage))
         outs = _paths(body.get("outs")) + _paths(body.get("metrics")) + _paths(body.get("plots"))
         deps = [d for d in body.get("deps", []) if not d.startswith(("src/", "stages/"))]
@@ -91,19 +96,16 @@ def stub_pipeline(real: dict) -> dict:
 
 @pytest.mark.slow
 def test_exp_run_set_reruns_exactly_that_run_its_evaluation_and_the_report(tmp_path):
-    """The whole real graph (dvc.yaml, params.yaml) with stand-in commands: after a full repro, `dvc exp run -S` on
-    one WaLDORf run's lr runs that run's train and evaluate stages and the report, nothing else (waldorf-slow is
-    not timed: speed.runs times one WaLDORf run)."""
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    (tmp_path / "stub.py").write_text(STUB)
+    """The whole real graph (dvc.yaml, params.yaml, the source the fingerprint stage reads) with stand-in commands:
+    after a full repro, `dvc exp run -S` on one WaLDORf run's lr runs that run's train and evaluate stages and the
+    report, nothing else (waldorf-slow is not timed: speed.runs times one WaLDORf run)."""
+    repo = working_tree_repo(tmp_path / "repo")
+    (repo / "stub.py").write_text(STUB)
     real = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(stub_pipeline(real), sort_keys=False))
-    sh(tmp_path, "git", "init", "-q")
-    sh(tmp_path, DVC, "init", "-q")
-    sh(tmp_path, DVC, "config", "core.analytics", "false")
-    sh(tmp_path, DVC, "repro", "-q")
-    sh(tmp_path, "git", "add", "-A")
-    sh(tmp_path, "git", "commit", "-qm", "pipeline")
-    res = sh(tmp_path, DVC, "exp", "run", "-S", f"{SLOW_LR}=0.002")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(stub_pipeline(real), sort_keys=False))
+    sh(repo, DVC, "repro", "-q", repo=repo)
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "pipeline")
+    res = sh(repo, DVC, "exp", "run", "-S", f"{SLOW_LR}=0.002", repo=repo)
     ran = set(re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr))
     assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "report"}, ran

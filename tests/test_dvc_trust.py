@@ -16,14 +16,17 @@ import time
 
 import pytest
 from _dvc import DVC, env, out, sh, tiny_params, working_tree_repo, write_params
+from _edits import before_return, edit_function, rename_first_local, scale_first_returned, source_file, swap_method_call
 from _tiny import make_tiny_bert_dir
 
+import distillpipe.errors
+import distillpipe.teacher.cache as driver
+import distillpipe.teacher.capture as capture
+
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
-POOLING = "src/distillpipe/pooling.py"
-ERRORS = "src/distillpipe/errors.py"
-CAPTURE = "src/distillpipe/teacher/capture.py"
-DRIVER = "src/distillpipe/teacher/cache.py"
-LOADER = "src/distillpipe/teacher/load.py"
+# Every edit below is found by meaning (tests/_edits.py): the function a stage really calls, wherever it lives now.
+ERRORS = source_file(distillpipe.errors)  # every stage imports it
+CAPTURE = source_file(capture)  # the teacher's signals
 
 
 def _store_files(repo, name="polarity"):
@@ -89,10 +92,7 @@ def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(t
     assert _stale(repo) == set() and _store_files(repo) == original
 
     # (c) a renamed local variable counts as a change (conservative): the stages holding capture.py are stale
-    renamed = sources[CAPTURE].replace("    scaling = getattr(", "    scale = getattr(").replace(
-        "(q * scaling)", "(q * scale)")
-    assert renamed.count("scale = getattr(") == 1 and "(q * scale)" in renamed
-    (repo / CAPTURE).write_text(renamed)
+    assert edit_function(repo, capture.capture_batch, rename_first_local()) == CAPTURE
     sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
     assert _stale(repo) == _holders(repo, CAPTURE) == {"teacher_cache@polarity"}
     for rel, source in sources.items():
@@ -100,33 +100,26 @@ def test_code_edit_rebuilds_the_teacher_cache_and_reverting_restores_its_bytes(t
     sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
     assert _stale(repo) == set()
 
-    # (b) one token of behaviour in pooling.py: exactly the stages whose code holds it are stale, the store rebuilds
-    source = (repo / POOLING).read_text()
-    edited = source.replace("    return pooled, counts > 0\n", "    return pooled * 2, counts > 0\n", 1)
-    assert edited != source
-    (repo / POOLING).write_text(edited)
+    # (b) one token of behaviour in the capture's average pooling (the first value it returns, doubled): exactly the
+    # stages whose code holds it are stale (the teacher cache, not the teacher's fine-tuning), the store rebuilds
+    pooling = source_file(capture.avg_pool_seq)
+    source = (repo / pooling).read_text()
+    edit_function(repo, capture.avg_pool_seq, scale_first_returned("2"))
     sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)
-    holders = _holders(repo, POOLING)
-    assert "teacher_cache@polarity" in holders and "prepare@polarity" not in holders
-    assert _stale(repo) == holders
+    assert _holders(repo, pooling) == {"teacher_cache@polarity"}
+    assert _stale(repo) == {"teacher_cache@polarity"}
     res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
-    assert "rebuilding the teacher cache" in res and "code.distillpipe/pooling.py: cache has" in res, res
+    assert "rebuilding the teacher cache" in res and f"code.{pooling.removeprefix('src/')}: cache has" in res, res
     rebuilt = _store_files(repo)
     assert rebuilt.keys() == original.keys()
     changed = {k for k in original if rebuilt[k] != original[k]}
     assert any(k.startswith("hidden/L2/c/") for k in changed), changed  # the values, not only the manifest
     assert not any(k.startswith("logits/c/") for k in changed)  # what pooling does not touch is the same
 
-    (repo / POOLING).write_text(source)
+    (repo / pooling).write_text(source)
     res = out(sh(repo, DVC, "repro", "teacher_cache@polarity", repo=repo))
     assert "rebuilding the teacher cache" in res, res
     assert _store_files(repo) == original  # every byte, manifest and markers included
-
-
-def _edit(repo, rel, old, new):
-    source = (repo / rel).read_text()
-    assert source.count(old) == 1, f"{rel} no longer holds {old!r}: update this test's edit"
-    (repo / rel).write_text(source.replace(old, new))
 
 
 def _clean_build(repo, name):
@@ -142,7 +135,8 @@ def _clean_build(repo, name):
 @pytest.mark.slow  # ~60 s: four real `dvc repro`s; tests/test_identity.py checks the same hole structurally, fast
 def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher):
     """The two edits that a narrower code identity (shard computation and writer only) let resume a stale
-    store with "0 to write": the driver's row selection and the teacher loader. Each must rebuild, name
+    store with "0 to write": the driver's row selection and the teacher loader, each found by meaning (the
+    functions the driver calls, wherever they live: row_subset in data/subset.py today). Each must rebuild, name
     the file, and leave exactly the bytes of a clean build with the edited code."""
     import numpy as np
 
@@ -156,19 +150,20 @@ def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher)
     store = repo / "data" / "teacher" / "polarity.zarr"
     before = open_store(store).read(["row_index", "logits"], 0, 50)
 
-    _edit(repo, DRIVER, "return np.round(np.arange(max_rows)", "return np.floor(np.arange(max_rows)")
+    rows = edit_function(repo, driver.row_subset, swap_method_call("round", "floor"))  # rows i * 139 / 49, floored
+    sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)  # the code deps first, as a full `dvc repro` would
     res = out(sh(repo, DVC, "repro", "-s", "teacher_cache@polarity", repo=repo))
-    assert "rebuilding the teacher cache" in res and "code.distillpipe/teacher/cache.py: cache has" in res, res
+    assert "rebuilding the teacher cache" in res and f"code.{rows.removeprefix('src/')}: cache has" in res, res
     floor_rows = np.floor(np.arange(50) * (139 / 49)).astype(np.int64)  # the edited rule, computed here
     after = open_store(store).read(["row_index", "logits"], 0, 50)
     assert np.array_equal(after["row_index"], floor_rows) and not np.array_equal(before["row_index"], floor_rows)
     assert _store_files(repo) == _clean_build(repo, "polarity")
 
-    _edit(repo, LOADER, "    model.eval().to(dev)\n",
-          "    model.eval().to(dev)\n    if head == \"classification\":\n        with torch.no_grad():\n"
-          "            model.classifier.bias += 0.5\n")
+    loader = edit_function(repo, driver.load_teacher, before_return(  # the loaded classifier's bias, plus 0.5
+        lambda model: f'if hasattr({model}, "classifier"):\n    {model}.classifier.bias.data += 0.5'))
+    sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)  # the code deps first, as a full `dvc repro` would
     res = out(sh(repo, DVC, "repro", "-s", "teacher_cache@polarity", repo=repo))
-    assert "rebuilding the teacher cache" in res and "code.distillpipe/teacher/load.py: cache has" in res, res
+    assert "rebuilding the teacher cache" in res and f"code.{loader.removeprefix('src/')}: cache has" in res, res
     shifted = open_store(store).read(["row_index", "logits"], 0, 50)
     assert np.array_equal(shifted["row_index"], floor_rows)
     np.testing.assert_allclose(shifted["logits"].astype(np.float32), after["logits"].astype(np.float32) + 0.5,

@@ -10,7 +10,8 @@ A model *spec* is one of
                           local cache's copy first) and a warning says which commit that was.
 
 Offline, a hub name that is not in the local hub cache fails within seconds with a message that
-says how to use a local directory instead. Also: sha256 digests of a model folder's tokenizer and weights.
+says how to use a local directory instead. Also: a model's fast tokenizer (:func:`load_tokenizer`: ``tokenize``,
+``word_vectors``, ``new-task``) and sha256 digests of a model folder's tokenizer and weights.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 from distillpipe.errors import UserError
 from distillpipe.identity import sha256_files
@@ -110,6 +112,26 @@ def tokenizer_sha256(model_dir: str | Path) -> str:
     if not files:
         raise AssetError(f"{model_dir} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     return sha256_files(files, root=model_dir)
+
+
+def load_tokenizer(spec: str) -> tuple[Any, Path]:
+    """The fast tokenizer for ``spec`` (see :func:`resolve_model`) and its folder; refused when it is slow (no
+    character offsets) or lacks BERT's special tokens."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(spec)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if not tok.is_fast:
+        raise AssetError(
+            f"tokenize.tokenizer={spec!r} ({path}) loaded as a slow (Python) tokenizer: character offsets "
+            "need a fast one. Save the tokenizer with a tokenizer.json (any transformers version: "
+            "`AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(DIR)`) and point at DIR"
+        )
+    for attr in ("cls_token_id", "sep_token_id", "pad_token_id"):
+        if getattr(tok, attr) is None:
+            raise AssetError(f"tokenize.tokenizer={spec!r} has no {attr.removesuffix('_id')}: "
+                             "a tokenizer with BERT-style special tokens is needed")
+    return tok, path
 
 
 def weights_sha256(model_dir: str | Path) -> str:

@@ -39,11 +39,6 @@ def n_groups(length: int, p: int) -> int:
     return -(-length // p)
 
 
-def length_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """(B,) lengths -> (B, seq_len) bool, True on the first ``lengths[b]`` positions."""
-    return torch.arange(seq_len, device=lengths.device)[None, :] < lengths[:, None]
-
-
 def pooled_mask(mask: torch.Tensor, p: int) -> torch.Tensor:
     """(B, L) -> (B, ceil(L/p)) bool: True where the group holds at least one valid position."""
     B, L = mask.shape

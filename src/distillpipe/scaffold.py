@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import yaml
 
-from distillpipe.assets import resolve_model
+from distillpipe.assets import load_tokenizer, resolve_model
 from distillpipe.checkpoints import measure_write_bandwidth
 from distillpipe.config.base import ConfigError, build
 from distillpipe.config.evaluate import EvaluateConfig
@@ -44,7 +44,6 @@ from distillpipe.config.tokenize import TokenizeConfig
 from distillpipe.config.train import TrainConfig
 from distillpipe.config.train_lm import TrainLMConfig
 from distillpipe.data.sources import build_source
-from distillpipe.data.tokenize import load_tokenizer
 from distillpipe.errors import UserError
 from distillpipe.runtime import resolve_device
 from distillpipe.students.base import TaskSpec

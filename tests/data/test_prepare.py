@@ -13,8 +13,8 @@ from datasets import load_from_disk
 from distillpipe.config.base import build, load_section
 from distillpipe.config.prepare import EmbeddedPolarityConfig, LocalGlueConfig, PrepareConfig
 from distillpipe.data import schema
+from distillpipe.data.features import FEATURES
 from distillpipe.data.prepare import PrepareError, PrepareSummary, prepare_dataset
-from distillpipe.data.sources.base import FEATURES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict, Features, List, Value, load_from_disk
 
+from distillpipe.assets import load_tokenizer
 from distillpipe.config.base import ConfigError
 from distillpipe.config.tokenize import TokenizeConfig, TokenizeQAConfig
 from distillpipe.data import schema
 from distillpipe.data.qa_windows import answer_token_span, check_lengths
-from distillpipe.data.tokenize import load_tokenizer, tokenize_dataset
+from distillpipe.data.tokenize import tokenize_dataset
 
 SPEC = "embedded:minilm-l6"
 L, STRIDE, MAX_Q = 128, 32, 24

@@ -9,8 +9,9 @@ from datasets import ClassLabel, Dataset, Features, List, Value
 
 from distillpipe.config.base import build
 from distillpipe.config.prepare import HubConfig, LocalDatasetConfig
+from distillpipe.data.features import FEATURES
 from distillpipe.data.sources import PrepareError, build_source
-from distillpipe.data.sources.base import FEATURES, Skips
+from distillpipe.data.sources.base import Skips
 from distillpipe.data.sources.hub import map_hub_split, resolve
 
 

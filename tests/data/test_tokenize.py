@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict, Features, List, Value, load_from_disk
 
-from distillpipe.assets import resolve_model
+from distillpipe.assets import load_tokenizer, resolve_model
 from distillpipe.config.tokenize import (
     TokenizeClassificationConfig,
     TokenizeConfig,
@@ -19,7 +19,7 @@ from distillpipe.config.tokenize import (
     TokenizeQAConfig,
 )
 from distillpipe.data import schema
-from distillpipe.data.tokenize import TokenizeError, load_tokenizer, tokenize_dataset
+from distillpipe.data.tokenize import TokenizeError, tokenize_dataset
 
 SPEC = "embedded:minilm-l6"
 

@@ -39,8 +39,8 @@ def qa_rows(split: str, n: int, rng: random.Random, unanswerable_every: int = 4)
 def write_qa(path: Path, n_train: int = 96, n_dev: int = 24, n_test: int = 12, seed: int = 0) -> Path:
     from datasets import DatasetDict
 
+    from distillpipe.data.features import rows_to_dataset
     from distillpipe.data.schema import write_meta
-    from distillpipe.data.sources.base import rows_to_dataset
 
     rng = random.Random(seed)
     fields = ["question", "context"]
@@ -56,8 +56,8 @@ def write_corpus(path: Path, rows: list[dict], dev: list[dict] | None = None) ->
     """A prepared corpus (doc_id, text) with a train split (and a dev split of ``dev`` rows)."""
     from datasets import DatasetDict
 
+    from distillpipe.data.features import rows_to_dataset
     from distillpipe.data.schema import write_meta
-    from distillpipe.data.sources.base import rows_to_dataset
 
     splits = {"train": rows_to_dataset(rows, "corpus", ["text"])}
     if dev:

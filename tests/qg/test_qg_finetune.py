@@ -17,8 +17,8 @@ from _tiny import invoke_cli
 from distillpipe.assets import AssetError
 from distillpipe.config.base import build
 from distillpipe.config.qg_finetune import QgFinetuneConfig
-from distillpipe.qg.finetune import dev_metrics, encode_pairs, finetune_qg
-from distillpipe.qg.model import build_scratch_t5, source_text
+from distillpipe.qg.finetune import build_scratch_t5, dev_metrics, encode_pairs, finetune_qg
+from distillpipe.qg.model import source_text
 from distillpipe.runtime import seed_everything
 
 

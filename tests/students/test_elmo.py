@@ -56,7 +56,7 @@ def _batch(seed=0, lengths=(9, 6, 12)):
         rows["token_type_ids"].append([0] * n)
         rows["masked_positions"].append(pos)
         rows["length"].append(n)
-    batch, targets = collate(rows, None, kind="mlm", pad_id=0, labeled=True, pairs=False, pool=1)
+    batch, targets = collate(rows, kind="mlm", pad_id=0, labeled=True, pairs=False)
     return batch, targets
 
 

@@ -27,9 +27,10 @@ from distillpipe.config.finetune import FinetuneRunConfig
 from distillpipe.config.run import LoaderConfig
 from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.train import TrainRunConfig
-from distillpipe.data.collate import IGNORE, collate
+from distillpipe.data.collate import IGNORE, TrainDataError, collate
 from distillpipe.students import load_student
 from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.train.data import teacher_targets
 from distillpipe.train.loop import train_student
 from distillpipe.train.objective import ObjectiveError
 
@@ -182,9 +183,9 @@ def test_missing_teacher_signal_is_a_clear_error(toy, tmp_path):
 def test_rows_without_ground_truth_get_no_hard_labels():
     rows = {"input_ids": [[2, 9, 3], [2, 7, 8, 3]], "token_type_ids": [[0] * 3, [0] * 4], "label": [1, 0],
             "labeled": [True, False]}
-    _, t = collate(rows, None, kind="classification", pad_id=0, labeled=True, pairs=False, pool=1)
+    _, t = collate(rows, kind="classification", pad_id=0, labeled=True, pairs=False)
     assert t["labels"].tolist() == [1, IGNORE]
-    _, t = collate(rows, None, kind="classification", pad_id=0, labeled=False, pairs=False, pool=1)
+    _, t = collate(rows, kind="classification", pad_id=0, labeled=False, pairs=False)
     assert t["labels"].tolist() == [IGNORE, IGNORE]
 
 
@@ -370,15 +371,33 @@ def test_mixture_resumes_mid_epoch_with_the_same_batches(toy):
     assert head + [key(b) for b in resumed] == full
 
 
-def test_collate_crops_attention_probabilities_on_positions_not_heads():
+def test_teacher_targets_crop_attention_probabilities_on_positions_not_heads():
     """attn_probs are (B, H, L, L): a batch of T tokens keeps every head and the first T x T positions."""
     rows = {"input_ids": [[2, 9, 9, 3], [2, 9, 3]], "token_type_ids": [[0] * 4, [0] * 3], "label": [0, 1]}
     probs = np.random.default_rng(0).random((2, 3, 8, 8)).astype(np.float16)
-    _, targets = collate(rows, {"attn_probs/L2": probs}, kind="classification", pad_id=0, labeled=True, pairs=False,
-                         pool=1)
-    got = targets["attn_probs/L2"]
+    batch, _ = collate(rows, kind="classification", pad_id=0, labeled=True, pairs=False)
+    got = teacher_targets({"attn_probs/L2": probs}, batch["attention_mask"], pool=1)["attn_probs/L2"]
     assert got.shape == (2, 3, 4, 4)
     assert torch.equal(got, torch.from_numpy(probs[:, :, :4, :4]).float())
+
+
+def test_teacher_targets_crop_pooled_arrays_to_the_groups_of_the_batch_and_check_lengths():
+    """A batch of T = 5 tokens pooled by p = 2 has ceil(5/2) = 3 groups: hidden (N, L/p, d) keeps 3 positions and
+    attention scores (N, H, L/p, L/p) 3 x 3, the per-token QA logits keep 5; the cache's lengths must be the rows'."""
+    rows = {"input_ids": [[2, 9, 9, 9, 3], [2, 9, 3]], "token_type_ids": [[0] * 5, [0] * 3],
+            "start_positions": [1, 0], "end_positions": [2, 0]}
+    rng = np.random.default_rng(0)
+    arrays = {"hidden/L1": rng.random((2, 4, 6)).astype(np.float16),
+              "attn_scores/L1": rng.random((2, 2, 4, 4)).astype(np.float16),
+              "start_logits": rng.random((2, 8)).astype(np.float16), "length": np.array([5, 3], dtype=np.int32)}
+    batch, _ = collate(rows, kind="qa", pad_id=0, labeled=True, pairs=False)
+    got = teacher_targets(arrays, batch["attention_mask"], pool=2)
+    assert set(got) == {"hidden/L1", "attn_scores/L1", "start_logits"}
+    assert torch.equal(got["hidden/L1"], torch.from_numpy(arrays["hidden/L1"][:, :3]).float())
+    assert torch.equal(got["attn_scores/L1"], torch.from_numpy(arrays["attn_scores/L1"][:, :, :3, :3]).float())
+    assert torch.equal(got["start_logits"], torch.from_numpy(arrays["start_logits"][:, :5]).float())
+    with pytest.raises(TrainDataError, match="lengths differ.*re-run teacher_cache"):
+        teacher_targets({**arrays, "length": np.array([5, 4], dtype=np.int32)}, batch["attention_mask"], pool=2)
 
 
 def test_early_stopping_survives_a_kill_after_its_checkpoint(toy, tmp_path):

@@ -17,6 +17,7 @@ from distillpipe.store.reader import open_store
 from distillpipe.students import build_student, load_student
 from distillpipe.students.base import TaskSpec
 from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.train.data import teacher_targets
 from distillpipe.train.loop import train_student
 from distillpipe.train.objective import Objective, probe_student, store_names
 from distillpipe.train.schedule import AllOnes
@@ -73,7 +74,8 @@ def _batches(tokens, store_path, names, size=16):
     for start in range(0, store.n_rows, size):
         arrays = store.read(["row_index", *names], start, min(store.n_rows, start + size))
         part = rows.select(arrays.pop("row_index").tolist())[:]
-        yield collate(part, arrays, kind="mlm", pad_id=0, labeled=True, pairs=False, pool=1)
+        batch, targets = collate(part, kind="mlm", pad_id=0, labeled=True, pairs=False)
+        yield batch, targets | teacher_targets(arrays, batch["attention_mask"], pool=1)
 
 
 def test_cached_attention_kl_and_hidden_cosine_equal_a_live_teacher(mlm):

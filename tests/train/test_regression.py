@@ -89,7 +89,7 @@ def test_collate_bins_real_scores_like_the_teacher(stsb):
     from datasets import load_from_disk
 
     rows = load_from_disk(str(stsb["tokens"]))["train"].select(range(64)).to_dict()
-    _, targets = collate(rows, None, kind="classification", pad_id=0, labeled=True, pairs=False, pool=1,
+    _, targets = collate(rows, kind="classification", pad_id=0, labeled=True, pairs=False,
                          bin_width=WIDTH)
     # reference: the scores as written in the TSV (3 decimals), to the nearest 0.2, halves up, in exact integers
     expected = [(int(round(float(y) * 1000)) + 100) // 200 for y in rows["label"]]
@@ -97,7 +97,7 @@ def test_collate_bins_real_scores_like_the_teacher(stsb):
     assert any(round(float(y) * 1000) % 200 == 100 for y in rows["label"])  # the sample has halves (0.5, 2.5, ...)
     assert max(expected) <= 25 and min(expected) >= 0
     unlabeled = dict(rows, label=[-1.0] * 64)  # GLUE test rows
-    _, targets = collate(unlabeled, None, kind="classification", pad_id=0, labeled=True, pairs=False, pool=1,
+    _, targets = collate(unlabeled, kind="classification", pad_id=0, labeled=True, pairs=False,
                          bin_width=WIDTH)
     assert (targets["labels"] == IGNORE).all()
 
@@ -139,7 +139,7 @@ def test_student_learns_the_bins_and_is_scored_by_the_expected_value(stsb, tmp_p
     from datasets import load_from_disk
 
     dev = load_from_disk(str(stsb["tokens"]))["dev"]
-    batch, _ = collate(dev.to_dict(), None, kind="classification", pad_id=0, labeled=True, pairs=True, pool=1,
+    batch, _ = collate(dev.to_dict(), kind="classification", pad_id=0, labeled=True, pairs=True,
                        bin_width=WIDTH)
     with torch.no_grad():
         logits = model(batch).logits.double().numpy()

@@ -20,7 +20,6 @@ from typing import Annotated
 import typer
 
 from distillpipe.config.base import ConfigError
-from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError, disk_full_cause, free_space
 
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, FileNotFoundError)
@@ -120,10 +119,3 @@ def named_entry(section, name: str, params: Path, section_name: str, what: str):
     if name not in entries:
         raise ConfigError(f"{params}: {section_name}.{what} has no {name!r}; known: {sorted(entries)}")
     return entries[name]
-
-
-def check_dataset(tokens: Path, dataset: str, where: str) -> None:
-    """Refuse tokens of another dataset than the run names (a wrong path in dvc.yaml or on the command line)."""
-    found = read_meta(tokens).get("name")
-    if found != dataset:
-        raise ConfigError(f"{where}.dataset is {dataset!r} but {tokens} holds {found!r}")

@@ -17,12 +17,11 @@ from distillpipe.commands.base import (
     StudentOutOpt,
     TeacherOpt,
     TokensOpt,
-    check_dataset,
     entry_point,
     named_entry,
     user_errors,
 )
-from distillpipe.commands.students import handed_to_torchrun, is_main_process, teacher_source
+from distillpipe.commands.students import check_dataset, handed_to_torchrun, is_main_process, teacher_source
 from distillpipe.config.base import ConfigError, load_section
 from distillpipe.config.finetune import FinetuneConfig
 from distillpipe.scale.machine import load_machine

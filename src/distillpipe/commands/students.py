@@ -1,5 +1,7 @@
-"""What the three student-training commands (train, finetune, train_aug) share: handing over to torchrun
-when the machine trains on several processes, and printing from rank 0 only."""
+"""What the four student-training commands (train, train_aug, train_lm, finetune) share: checking a run's tokens
+are its dataset's, handing over to torchrun when the machine trains on several processes, and printing from rank 0
+only. (Not in ``commands/base.py``, which every stage imports: what only these commands call is code of theirs
+alone, docs/code-deps.md.)"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from distillpipe.config.base import ConfigError, load_section
 from distillpipe.config.run import LoaderConfig, teacher_is_live
 from distillpipe.config.teacher_cache import TeacherCacheConfig
+from distillpipe.data.schema import read_meta
 from distillpipe.errors import UserError
 from distillpipe.scale.ddp import relaunch_under_torchrun, under_torchrun
 from distillpipe.store.loader import check_processes
@@ -50,6 +53,13 @@ def handed_to_torchrun(nproc: int, *, params: Path, section: str, run: str, load
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a process on its own: the one that prints."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def check_dataset(tokens: Path, dataset: str, where: str) -> None:
+    """Refuse tokens of another dataset than the run names (a wrong path in dvc.yaml or on the command line)."""
+    found = read_meta(tokens).get("name")
+    if found != dataset:
+        raise ConfigError(f"{where}.dataset is {dataset!r} but {tokens} holds {found!r}")
 
 
 def teacher_source(teacher: Path, run_teacher: str, dataset: str, params: Path, where: str) -> Path | LiveSettings:

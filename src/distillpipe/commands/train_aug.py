@@ -16,12 +16,11 @@ from distillpipe.commands.base import (
     RunOpt,
     StudentOutOpt,
     TokensOpt,
-    check_dataset,
     entry_point,
     named_entry,
     user_errors,
 )
-from distillpipe.commands.students import handed_to_torchrun, is_main_process
+from distillpipe.commands.students import check_dataset, handed_to_torchrun, is_main_process
 from distillpipe.config.base import load_section
 from distillpipe.config.train_aug import TrainAugConfig
 from distillpipe.scale.machine import load_machine

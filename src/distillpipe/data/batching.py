@@ -1,8 +1,9 @@
-"""Batches from unpadded token rows: length bucketing and right-padding.
+"""Batches from unpadded token rows: length bucketing, right-padding and the masks of padded batches.
 
 Tokens are stored unpadded (see ``schema.py``); every consumer (teacher fine-tuning, teacher
-capture, student training) pads at collate time and groups rows of similar length so that
-little compute is spent on padding.
+capture, student training, question generation) pads at collate time and groups rows of similar length so
+that little compute is spent on padding. General code only: a stage that pads a batch imports this module,
+so what only some stages do (pooling a teacher's signals) lives elsewhere (docs/code-deps.md).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-
-from distillpipe.pooling import length_mask
 
 
 def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = False,
@@ -41,6 +40,11 @@ def length_batches(lengths: Sequence[int] | np.ndarray, batch_size: int, *, shuf
         batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
     rng.shuffle(batches)
     return batches
+
+
+def length_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(B,) lengths -> (B, seq_len) bool, True on the first ``lengths[b]`` positions."""
+    return torch.arange(seq_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_value: int, length: int | None = None,

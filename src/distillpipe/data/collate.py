@@ -1,9 +1,10 @@
-"""Student batches: token rows (and their teacher-cache rows) collated for a student and its losses.
+"""Student batches: token rows collated for a student, with their ground-truth targets.
 
-Used by training (:mod:`distillpipe.train.data` yields the rows) and by evaluation (no cache rows).
-:func:`collate` pads to the batch's longest row and crops the teacher's fixed-length arrays to match:
-(N, L) logits to (B, T), pooled (N, L/p, ...) arrays to (B, ceil(T/p), ...). Labels without ground truth
-(augmented rows, GLUE's -1 test labels) become :data:`IGNORE`.
+Used by training (:mod:`distillpipe.train.data` yields the rows), evaluation and ``predict``. :func:`collate` pads
+to the batch's longest row; labels without ground truth (augmented rows, GLUE's -1 test labels) become
+:data:`IGNORE`. The teacher's targets, which only training reads, are
+:func:`distillpipe.train.data.teacher_targets`: so this module, and evaluation with it, holds no code of the
+teacher cache's layout or of pooling (docs/code-deps.md).
 """
 
 from __future__ import annotations
@@ -11,20 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from distillpipe.data.batching import pad_sequences
+from distillpipe.data.batching import length_mask, pad_sequences
 from distillpipe.data.schema import regression_bins
 from distillpipe.errors import UserError
-from distillpipe.pooling import length_mask, n_groups
-from distillpipe.store.schema import (
-    ATTN_PROBS,
-    ATTN_SCORES,
-    END_LOGITS,
-    HIDDEN,
-    LENGTH,
-    START_LOGITS,
-    array_group,
-    dense_scores,
-)
 
 IGNORE = -100  # label value ignored by the cross-entropy losses
 
@@ -33,12 +23,11 @@ class TrainDataError(UserError, ValueError):
     """Tokens, teacher cache and run params do not fit together."""
 
 
-def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind: str, pad_id: int, labeled: bool,
-            pairs: bool, pool: int, bin_width: float | None = None) -> tuple[dict[str, torch.Tensor],
-                                                                           dict[str, torch.Tensor]]:
-    """(batch for the student, targets for the losses). ``arrays`` are the teacher-cache rows of the same
-    rows (None for evaluation). Targets: ``labels`` (B,) / ``start_positions``, ``end_positions`` (B,) /
-    ``mlm_labels`` (B, M) with IGNORE for no ground truth; teacher arrays cropped to the batch length.
+def collate(rows: dict[str, list], *, kind: str, pad_id: int, labeled: bool, pairs: bool,
+            bin_width: float | None = None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(batch for the student, ground-truth targets for the losses). Targets: ``attention_mask`` (B, T) and
+    ``labels`` (B,) / ``start_positions``, ``end_positions`` (B,) / ``mlm_labels`` (B, M) with IGNORE for no
+    ground truth (a training step adds the teacher's: :func:`distillpipe.train.data.teacher_targets`).
     ``bin_width``: regression labels become the index of their bin, ``round(label / bin_width)``, as the
     teacher was fine-tuned on them (:func:`distillpipe.data.schema.regression_bins`)."""
     ids = rows["input_ids"]
@@ -85,29 +74,4 @@ def collate(rows: dict[str, list], arrays: dict[str, np.ndarray] | None, *, kind
     elif kind == "qa":
         for k in ("start_positions", "end_positions"):
             targets[k] = torch.as_tensor(np.asarray(rows[k]), dtype=torch.long).masked_fill(~has_truth, IGNORE)
-    if arrays is not None:
-        Tp = n_groups(T, pool)
-        for name, a in arrays.items():
-            if name == LENGTH:
-                continue
-            t = torch.from_numpy(np.ascontiguousarray(a))
-            if t.dtype == torch.float16:
-                t = t.float()
-            group = array_group(name)
-            if name in (START_LOGITS, END_LOGITS):
-                t = t[:, :T]
-            elif group == HIDDEN:
-                t = t[:, :Tp]
-            elif dense_scores(name):
-                t = t[:, :, :Tp, :Tp]
-            elif group == ATTN_SCORES:
-                t = t[..., :Tp]  # factors (B, H, r, Lp) -> (B, H, r, Tp)
-            elif group == ATTN_PROBS and name.count("/") == 1:
-                t = t[:, :, :T, :T]  # (B, H, L, L) -> (B, H, T, T): positions, never heads
-            elif group == ATTN_PROBS:
-                t = t[..., :T]  # factors (B, H, r, L) -> (B, H, r, T)
-            targets[name] = t
-        if LENGTH in arrays and not np.array_equal(arrays[LENGTH], lengths.numpy()):
-            raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "
-                                 "is not from these tokens; re-run teacher_cache")
     return batch, targets

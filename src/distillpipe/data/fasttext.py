@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from distillpipe.assets import tokenizer_sha256
+from distillpipe.assets import load_tokenizer, tokenizer_sha256
 from distillpipe.config.word_vectors import LocalVectorsConfig, TrainedVectorsConfig
-from distillpipe.data.tokenize import load_tokenizer
 from distillpipe.data.word_vectors import META_FILE, TABLE_FILE, WordVectorsError, table_fingerprint
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The ``tokenize`` stage: prepared datasets -> teacher-tokenized rows (the ``Tokens`` format).
 
-Owns the entry point :func:`tokenize_dataset`, tokenizer loading, the tokens fingerprint (a content
+Owns the entry point :func:`tokenize_dataset`, the tokens fingerprint (a content
 digest) that the teacher cache checks, and the Arrow writing. The rows of each kind are encoded by
 :mod:`distillpipe.data.classification` (joint ``[CLS] a [SEP] b [SEP]`` and separate ``[CLS] x [SEP]`` for
 DiffCat), :mod:`distillpipe.data.masking` (MLM packing and static masking) and :mod:`distillpipe.data.qa_windows`.
@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from distillpipe.assets import resolve_model, tokenizer_sha256
+from distillpipe.assets import load_tokenizer, tokenizer_sha256
 from distillpipe.config.tokenize import (
     TokenizeClassificationConfig,
     TokenizeConfig,
@@ -98,25 +98,6 @@ def _si(x: float) -> str:
 # --------------------------------------------------------------------------------------------
 # tokenizer, params, fingerprint
 # --------------------------------------------------------------------------------------------
-
-
-def load_tokenizer(spec: str) -> tuple[Any, Path]:
-    """The fast tokenizer for ``spec`` (see :func:`distillpipe.assets.resolve_model`) and its folder."""
-    from transformers import AutoTokenizer
-
-    path = resolve_model(spec)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    if not tok.is_fast:
-        raise TokenizeError(
-            f"tokenize.tokenizer={spec!r} ({path}) loaded as a slow (Python) tokenizer: character offsets "
-            "need a fast one. Save the tokenizer with a tokenizer.json (any transformers version: "
-            "`AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(DIR)`) and point at DIR"
-        )
-    for attr in ("cls_token_id", "sep_token_id", "pad_token_id"):
-        if getattr(tok, attr) is None:
-            raise TokenizeError(f"tokenize.tokenizer={spec!r} has no {attr.removesuffix('_id')}: "
-                                "a tokenizer with BERT-style special tokens is needed")
-    return tok, path
 
 
 def tokenizer_meta(tok: Any, spec: str, sha256: str) -> dict[str, Any]:

@@ -42,8 +42,8 @@ def _outputs(model, rows, *, kind: str, pad_id: int, device: torch.device, batch
         cols = [c for c in cols if c not in ("a_input_ids", "b_input_ids")]
     table = rows.select_columns(cols)
     for idx in length_batches(np.asarray(rows["length"]), batch_size):
-        batch, targets = collate(table[idx.tolist()], None, kind=kind, pad_id=pad_id, labeled=True, pairs=pairs,
-                                 pool=1, bin_width=bin_width)
+        batch, targets = collate(table[idx.tolist()], kind=kind, pad_id=pad_id, labeled=True, pairs=pairs,
+                                 bin_width=bin_width)
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast(device):
             out = model(batch)

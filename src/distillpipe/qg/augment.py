@@ -38,7 +38,7 @@ from typing import Any
 
 from distillpipe.config.augment import AugmentConfig
 from distillpipe.data import schema
-from distillpipe.data.sources.base import rows_to_dataset
+from distillpipe.data.features import rows_to_dataset
 from distillpipe.identity import json_sha256, sha256_dir, sha256_file, stage_code
 from distillpipe.progress import Progress
 from distillpipe.qg import QgError

@@ -36,7 +36,7 @@ from distillpipe.identity import json_sha256, sha256_dir, sha256_file, stage_cod
 from distillpipe.progress import Progress
 from distillpipe.qg import QgError
 from distillpipe.qg.generate import decoding_kwargs, generate_questions
-from distillpipe.qg.model import QG_META, build_scratch_t5, load_pretrained_t5, source_text
+from distillpipe.qg.model import QG_META, load_pretrained_t5, source_text
 from distillpipe.qg.vocab import SPM_FILE, load_spm_tokenizer, train_sentencepiece
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
 
@@ -45,6 +45,20 @@ CODE_STAGE = "qg_finetune"
 """The stage whose whole import closure is the code part of a checkpoint's identity."""
 FORMAT_VERSION = 1
 IGNORE = -100  # label id that the loss skips (padding)
+
+
+def build_scratch_t5(cfg: QgScratchModelConfig, vocab_size: int):
+    """A randomly initialised ``T5ForConditionalGeneration`` (seed the RNG first) with T5's id conventions:
+    <pad> = 0 (also the decoder start token), </s> = 1."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(
+        vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff, num_layers=cfg.n_encoder_layers,
+        num_decoder_layers=cfg.n_decoder_layers, num_heads=cfg.n_heads,
+        relative_attention_num_buckets=cfg.relative_attention_num_buckets,
+        relative_attention_max_distance=cfg.relative_attention_max_distance, dropout_rate=cfg.dropout,
+        feed_forward_proj=cfg.feed_forward_proj, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    return T5ForConditionalGeneration(config)
 
 
 @dataclass

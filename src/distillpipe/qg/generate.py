@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from distillpipe.config.decoding import BeamDecodingConfig, DecodingConfig, GreedyDecodingConfig, SampleDecodingConfig
-from distillpipe.data.batching import pad_sequences
-from distillpipe.pooling import length_mask
+from distillpipe.data.batching import length_mask, pad_sequences
 from distillpipe.runtime import autocast
 
 CUDA_PAD_MULTIPLE = 64

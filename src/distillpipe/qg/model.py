@@ -1,5 +1,5 @@
-"""The generator: a T5 built from config (embedded default) or a pretrained one, its input format and
-its loading for generation.
+"""The generator's input format, its record (``qg.json``) and its loading for generation (a T5 built from config is
+``qg_finetune``'s: :func:`distillpipe.qg.finetune.build_scratch_t5`, so augment holds no fine-tuning config).
 
 Input format (WaLDORf: T5 : C -> Q): ``generate question: context: <context>``, or with the answer
 hint ``generate question: <answer> context: <context>``. The format is recorded in ``qg.json`` beside
@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from distillpipe.config.qg_finetune import QgScratchModelConfig
 from distillpipe.qg import QgError
 
 QG_META = "qg.json"
@@ -24,20 +23,6 @@ def source_text(context: str, answer: str | None) -> str:
     """The model input for one context (and an answer hint when given)."""
     hint = f"{answer} " if answer is not None else ""
     return f"{PREFIX}{hint}{CONTEXT_TAG}{context}"
-
-
-def build_scratch_t5(cfg: QgScratchModelConfig, vocab_size: int):
-    """A randomly initialised ``T5ForConditionalGeneration`` (seed the RNG first) with T5's id conventions:
-    <pad> = 0 (also the decoder start token), </s> = 1."""
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    config = T5Config(
-        vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff, num_layers=cfg.n_encoder_layers,
-        num_decoder_layers=cfg.n_decoder_layers, num_heads=cfg.n_heads,
-        relative_attention_num_buckets=cfg.relative_attention_num_buckets,
-        relative_attention_max_distance=cfg.relative_attention_max_distance, dropout_rate=cfg.dropout,
-        feed_forward_proj=cfg.feed_forward_proj, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    return T5ForConditionalGeneration(config)
 
 
 def load_pretrained_t5(model_dir: Path):

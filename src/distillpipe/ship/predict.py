@@ -190,7 +190,7 @@ class Predictor:
         with bar:
             for idx in length_batches(np.asarray(cols["length"]), batch_size):
                 rows = {k: [v[i] for i in idx] for k, v in cols.items()}
-                batch, _ = collate(rows, None, kind=kind, pad_id=task["pad_id"], labeled=False, pairs=pairs, pool=1,
+                batch, _ = collate(rows, kind=kind, pad_id=task["pad_id"], labeled=False, pairs=pairs,
                                    bin_width=task["bin_width"])
                 res = self.runner(batch)
                 for j, r in enumerate(idx):

@@ -12,8 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from distillpipe.data.batching import collate_tokens, length_batches, pad_sequences
-from distillpipe.pooling import length_mask
+from distillpipe.data.batching import collate_tokens, length_batches, length_mask, pad_sequences
 
 
 def length_buckets(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[list[int]]:

@@ -294,8 +294,8 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
         s.to(dev)
     data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]
-    probe_batch, _ = collate(probe_rows, None, kind=task.kind, pad_id=task.pad_id, labeled=True,
-                             pairs=run.encoding == "diffcat", pool=signals.pool, bin_width=task.bin_width)
+    probe_batch, _ = collate(probe_rows, kind=task.kind, pad_id=task.pad_id, labeled=True,
+                             pairs=run.encoding == "diffcat", bin_width=task.bin_width)
     dims = probe_student(student, {k: v.to(dev) for k, v in probe_batch.items()})
     objective = Objective(run.objective, kind=task.kind, signals=signals, dims=dims).to(dev)
     trainable = Trainable(student, objective)

@@ -14,7 +14,8 @@ meta.json with ``labeled: false``) get IGNORE labels, so only teacher losses app
 unlabeled rows, each with its own cache: nothing is computed twice) in a seeded order fixed per
 epoch, so its position is two integers.
 
-Collation is :func:`distillpipe.data.collate.collate` (evaluation uses it too).
+Collation is :func:`distillpipe.data.collate.collate` (evaluation uses it too), plus :func:`teacher_targets`, the
+batch's teacher-cache rows cropped to its length.
 """
 
 from __future__ import annotations
@@ -30,10 +31,25 @@ import torch
 
 from distillpipe.data.collate import TrainDataError
 from distillpipe.data.schema import read_meta
+from distillpipe.pooling import n_groups
 from distillpipe.store import constants as store_constants
 from distillpipe.store.loader import BlockLoader, RowTable
 from distillpipe.store.reader import TeacherStore, open_store
-from distillpipe.store.schema import EMBEDDINGS, SignalSpec, constant_names, signal_arrays, subspace_arrays
+from distillpipe.store.schema import (
+    ATTN_PROBS,
+    ATTN_SCORES,
+    EMBEDDINGS,
+    END_LOGITS,
+    HIDDEN,
+    LENGTH,
+    START_LOGITS,
+    SignalSpec,
+    array_group,
+    constant_names,
+    dense_scores,
+    signal_arrays,
+    subspace_arrays,
+)
 from distillpipe.teacher.live import LiveTeacher
 
 log = logging.getLogger(__name__)
@@ -207,3 +223,38 @@ class Mixture:
         for s, ls in zip(self.sources, state["loaders"], strict=True):
             s.loader.load_state_dict(ls)  # checks the loader settings are the checkpoint's
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def teacher_targets(arrays: dict[str, np.ndarray], attention_mask: torch.Tensor, pool: int) -> dict[str, torch.Tensor]:
+    """The teacher-cache rows of a collated batch as loss targets, cropped to the batch's length T (the columns of
+    ``attention_mask``, (B, T)): (N, L) arrays to (B, T), pooled (N, L/p, ...) ones to (B, ceil(T/p), ...) as the
+    capture pooled them (:func:`distillpipe.pooling.n_groups`), low-rank factors along their last axis, float16 as
+    float32. The cache's ``length`` is
+    checked against the token rows', not returned."""
+    B, T = attention_mask.shape
+    Tp = n_groups(T, pool)
+    targets: dict[str, torch.Tensor] = {}
+    for name, a in arrays.items():
+        if name == LENGTH:
+            continue
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if t.dtype == torch.float16:
+            t = t.float()
+        group = array_group(name)
+        if name in (START_LOGITS, END_LOGITS):
+            t = t[:, :T]
+        elif group == HIDDEN:
+            t = t[:, :Tp]
+        elif dense_scores(name):
+            t = t[:, :, :Tp, :Tp]
+        elif group == ATTN_SCORES:
+            t = t[..., :Tp]  # factors (B, H, r, Lp) -> (B, H, r, Tp)
+        elif group == ATTN_PROBS and name.count("/") == 1:
+            t = t[:, :, :T, :T]  # (B, H, L, L) -> (B, H, T, T): positions, never heads
+        elif group == ATTN_PROBS:
+            t = t[..., :T]  # factors (B, H, r, L) -> (B, H, r, T)
+        targets[name] = t
+    if LENGTH in arrays and not np.array_equal(arrays[LENGTH], attention_mask.sum(dim=1).numpy()):
+        raise TrainDataError("teacher cache rows do not match the token rows (lengths differ): the cache "
+                             "is not from these tokens; re-run teacher_cache")
+    return targets

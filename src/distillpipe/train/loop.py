@@ -60,7 +60,7 @@ from distillpipe.store.reader import open_store
 from distillpipe.students import save_student
 from distillpipe.tracking import train_summary, write_live
 from distillpipe.train.build import TrainingRun, build_run
-from distillpipe.train.data import Source
+from distillpipe.train.data import Source, teacher_targets
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,9 @@ def train_step(r: TrainingRun, source: Source, rows: dict, arrays: dict) -> dict
     """One optimizer step on this process's part of a global batch; returns the step's log row (the loss
     and its terms averaged over every process's part)."""
     task, opt = r.task, r.run.optim
-    batch, targets = collate(rows, arrays, kind=task.kind, pad_id=task.pad_id, labeled=source.info.labeled,
-                             pairs=r.pairs, pool=source.info.signals.pool, bin_width=task.bin_width)
+    batch, targets = collate(rows, kind=task.kind, pad_id=task.pad_id, labeled=source.info.labeled, pairs=r.pairs,
+                             bin_width=task.bin_width)
+    targets |= teacher_targets(arrays, batch["attention_mask"], source.info.signals.pool)
     batch = {k: v.to(r.device, non_blocking=True) for k, v in batch.items()}
     targets = {k: v.to(r.device, non_blocking=True) for k, v in targets.items()}
     source.complete(batch, targets)

@@ -1,5 +1,5 @@
-"""What every source shares: the error type, the result type, row schemas, skip counting,
-seeded splitting and reading input files with errors that name the file, line and params key."""
+"""What every source shares: the error type, the result type, skip counting, seeded splitting and reading input
+files with errors that name the file, line and params key (the rows' schemas: :mod:`distillpipe.data.features`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
 
-from datasets import Dataset, Features, List, Value
+from datasets import Dataset
 
 from distillpipe.config.prepare import SplitFractions
 from distillpipe.errors import UserError
@@ -24,35 +24,7 @@ class PrepareError(UserError, ValueError):
     """An input of the ``prepare`` stage is missing or malformed; the message says where and how to fix it."""
 
 
-FEATURES: dict[str, Features] = {
-    "corpus": Features({"doc_id": Value("string"), "text": Value("string")}),
-    "classification_single": Features({"id": Value("string"), "text_a": Value("string"), "label": Value("int64")}),
-    "classification": Features(
-        {"id": Value("string"), "text_a": Value("string"), "text_b": Value("string"), "label": Value("int64")}
-    ),
-    "regression": Features(
-        {"id": Value("string"), "text_a": Value("string"), "text_b": Value("string"), "label": Value("float32")}
-    ),
-    "qa": Features(
-        {
-            "id": Value("string"),
-            "title": Value("string"),
-            "context": Value("string"),
-            "question": Value("string"),
-            "answers": {"text": List(Value("string")), "answer_start": List(Value("int32"))},
-        }
-    ),
-}
-"""Arrow schema per task type (see ``distillpipe.data.schema``); classification without ``text_b``
-is the single-sentence layout."""
-
 UNLABELED = -1
-
-
-def features_for(task_type: str, text_fields: Sequence[str]) -> Features:
-    if task_type == "classification" and "text_b" not in text_fields:
-        return FEATURES["classification_single"]
-    return FEATURES[task_type]
 
 
 class Skips:
@@ -112,12 +84,6 @@ class Prepared:
         if self.task_type == "classification":
             return len(self.label_names)
         return 1 if self.task_type == "regression" else 0
-
-
-def rows_to_dataset(rows: list[dict[str, Any]], task_type: str, text_fields: Sequence[str]) -> Dataset:
-    features = features_for(task_type, text_fields)
-    columns = {name: [r[name] for r in rows] for name in features}
-    return Dataset.from_dict(columns, features=features)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,15 +9,8 @@ import logging
 from pathlib import Path
 
 from distillpipe.config.prepare import EmbeddedPolarityConfig
-from distillpipe.data.sources.base import (
-    Prepared,
-    PrepareError,
-    Skips,
-    numbered_lines,
-    read_text,
-    rows_to_dataset,
-    stratified_split,
-)
+from distillpipe.data.features import rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, numbered_lines, read_text, stratified_split
 
 logger = logging.getLogger(__name__)
 

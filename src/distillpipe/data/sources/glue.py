@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from distillpipe.config.prepare import LocalGlueConfig
+from distillpipe.data.features import rows_to_dataset
 from distillpipe.data.sources.base import (
     UNLABELED,
     Prepared,
@@ -25,7 +26,6 @@ from distillpipe.data.sources.base import (
     input_path,
     numbered_lines,
     read_text,
-    rows_to_dataset,
     shorten,
 )
 

@@ -10,7 +10,8 @@ from datasets import Dataset
 
 from distillpipe.assets import hub_offline_reason
 from distillpipe.config.prepare import HubConfig
-from distillpipe.data.sources.base import FEATURES, Prepared, PrepareError, Skips, features_for
+from distillpipe.data.features import FEATURES, features_for
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips
 from distillpipe.data.sources.glue import TASKS as GLUE_TASKS
 
 logger = logging.getLogger(__name__)

@@ -12,15 +12,8 @@ from typing import Any
 from tqdm import tqdm
 
 from distillpipe.config.prepare import LocalSquadConfig
-from distillpipe.data.sources.base import (
-    Prepared,
-    PrepareError,
-    Skips,
-    input_path,
-    read_text,
-    rows_to_dataset,
-    shorten,
-)
+from distillpipe.data.features import rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, input_path, read_text, shorten
 
 logger = logging.getLogger(__name__)
 

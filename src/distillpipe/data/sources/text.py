@@ -11,15 +11,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from distillpipe.config.prepare import LocalTextConfig
-from distillpipe.data.sources.base import (
-    Prepared,
-    PrepareError,
-    Skips,
-    input_path,
-    numbered_lines,
-    read_text,
-    rows_to_dataset,
-)
+from distillpipe.data.features import rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, input_path, numbered_lines, read_text
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from distillpipe.config.prepare import ArticleSplitConfig, EmbeddedWikiConfig, EmbeddedWikiPairsConfig, SplitFractions
-from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset, split_names, split_units
+from distillpipe.data.features import rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips, split_names, split_units
 from distillpipe.data.sources.embedded import gensim_test_file
 
 logger = logging.getLogger(__name__)

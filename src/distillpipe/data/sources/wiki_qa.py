@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 
 from distillpipe.config.prepare import ArticleSplitConfig, EmbeddedWikiQAConfig
-from distillpipe.data.sources.base import Prepared, PrepareError, Skips, rows_to_dataset
+from distillpipe.data.features import rows_to_dataset
+from distillpipe.data.sources.base import Prepared, PrepareError, Skips
 from distillpipe.data.sources.wiki import Article, rows_by_article_split
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
