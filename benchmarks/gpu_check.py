@@ -1,10 +1,12 @@
-"""``make gpu-check``: the checks and measurements only a GPU can give, in one run (~8 minutes on one H100).
+"""``make gpu-check``: the checks and measurements only a GPU can give, in one run (~9 minutes on one H100).
 
 1. the CUDA-only tests (``pytest -m "" -k cuda``);
 2. ``benchmarks/scale.py`` part 4: BERT-Large L 384 capture of 4 layers vs a bare forward, and vs ~3,200 seq/s;
 3. ``benchmarks/at_scale.py`` on CUDA with a REAL random-weight BERT forward (task logits and WaLDORf
    signals on the BERT-Large shape): the whole teacher_cache path, build rows/s against the bare forward;
-4. a one-GPU ``local_cuda`` dask build of a small store (dask-cuda), checked against an in-process build.
+4. a one-GPU ``local_cuda`` dask build of a small store (dask-cuda), checked against an in-process build;
+5. ``benchmarks/cached_vs_live.py`` on CUDA: a student's epoch from each seed's cache vs with the teacher live (the
+   live path's equal targets on CUDA are among the tests of part 1: ``test_live_targets_equal_the_caches_on_cuda``).
 
 Each part runs on its own, so one failing does not hide the others; the table at the end and
 ``$OUT/gpu_check.json`` (or ``benchmarks/results/gpu_check.json``) say what passed, what failed and why.
@@ -124,6 +126,13 @@ def dask_cuda_build() -> dict:
         return {"ok": bool(same), "identical_arrays": bool(same), "inprocess_s": inproc, "local_cuda_s": dask}
 
 
+def cached_vs_live() -> dict:
+    rc, out = run([sys.executable, str(HERE / "cached_vs_live.py"), "--device", "cuda", "--rows", "512",
+                   "--repeats", "2"], 300)
+    ratios = [line.split()[3] for line in out.splitlines() if line.strip().startswith("live / cached")]
+    return {"ok": rc == 0 and len(ratios) == 4, "live_over_cached": ratios}
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device here; run it on a GPU machine (DEVELOPERS.md)")
@@ -132,7 +141,8 @@ def main() -> None:
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     parts = {"cuda tests": cuda_tests, "scale.py part 4": scale_part4, "at_scale.py (real forward)":
-             lambda: at_scale(out_dir), "local_cuda dask build": dask_cuda_build}
+             lambda: at_scale(out_dir), "local_cuda dask build": dask_cuda_build,
+             "cached_vs_live.py (live path)": cached_vs_live}
     for name, fn in parts.items():
         print(f"== {name}", flush=True)
         t = time.perf_counter()

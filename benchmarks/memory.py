@@ -10,7 +10,8 @@ the 1x growth is the figure that should stay ~1.0.
 
 Configurations: the build in this process (cluster inprocess) with glibc's default malloc and with a fixed mmap
 threshold (FIXED_MMAP: what the code holds, without the freed memory glibc keeps), and with 2x shard_rows; one
-epoch of a student; one epoch of the block loader alone over every array, and with 2x buffer_blocks.
+epoch of a student, and with its teacher live (the replica each training process then holds); one epoch of the
+block loader alone over every array, and with 2x buffer_blocks.
 Prints the table, the 10x/1x ratios with the bytes per added row, the shard and window terms and the peak per
 tenth of the long runs (a plateau or a ramp). Writes benchmarks/results/memory.json.
 
@@ -219,8 +220,13 @@ def child_train(a: argparse.Namespace) -> None:
     }, "bench")  # fmt: skip
     loader = build(LoaderConfig, {"block_rows": a.block_rows, "buffer_blocks": 2, "streams": 1}, "loader")
     out = Path(a.work)
+    source = a.store
+    if a.live_teacher:  # the run's teacher live: what each training process holds besides the student
+        from distillpipe.teacher.live import LiveSettings
+
+        source = LiveSettings("bench", Path(a.teacher), _build_cfg(), BATCH, a.shard_rows, a.threads)
     measure(lambda: train_student("bench", model_cfg=run.model, run=run, loader_cfg=loader, device="cpu",
-                                  tokens_dir=a.tokens, store_path=a.store, prepared_dir=None, out_dir=out / "student",
+                                  tokens_dir=a.tokens, store_path=source, prepared_dir=None, out_dir=out / "student",
                                   ckpt_dir=out / "ckpt", live_dir=out / "live"))
 
 
@@ -284,6 +290,8 @@ class Config:
     window: int = 1
     """buffer_blocks: the base (2) times this."""
     env: tuple[tuple[str, str], ...] = ()
+    live_teacher: bool = False
+    """A training run with its teacher live (no store read): the teacher's replica in the process."""
 
 
 def configs(factor: int) -> list[Config]:
@@ -296,6 +304,8 @@ def configs(factor: int) -> list[Config]:
         Config("build_fixed_shard", "  same, 2x shard_rows", "build", shard=2, env=fixed),
         Config("train", "student training, 1 epoch", "train"),
         Config("train", "student training, 1 epoch", "train", factor=factor),
+        Config("train_live", "  same, teacher live", "train", live_teacher=True),
+        Config("train_live", "  same, teacher live", "train", factor=factor, live_teacher=True),
         Config("loader", "block loader alone, 1 epoch", "loader"),
         Config("loader", "block loader alone, 1 epoch", "loader", factor=factor),
         Config("loader_window", "  same, 2x buffer_blocks", "loader", window=2),
@@ -324,6 +334,7 @@ def main() -> None:
     for name in ("tokens", "teacher", "store", "work"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
     ap.add_argument("--buffer-blocks", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--live-teacher", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         CHILDREN[a.child](a)
@@ -353,6 +364,7 @@ def main() -> None:
                   "store": tmp / f"c{i}.zarr" if c.child == "build" and store.exists() else store}
             if c.child == "train":
                 kw["work"] = tmp / f"train{i}"
+                kw["live_teacher"] = int(c.live_teacher)
             r = run_child(c, **kw)
             results.append({"key": c.key, "label": c.label, "rows": n, "shard_rows": kw["shard_rows"],
                             "buffer_blocks": kw["buffer_blocks"], "env": dict(c.env), **r})
@@ -362,14 +374,23 @@ def main() -> None:
                 from distillpipe.store.reader import open_store
 
                 row_bytes = open_store(store).info()["bytes_per_row_raw"]
-    report(results, a, device, row_bytes, time.perf_counter() - t0)
+        teacher_bytes = _teacher_bytes(teacher)
+    report(results, a, device, row_bytes, time.perf_counter() - t0, teacher_bytes)
+
+
+def _teacher_bytes(folder: Path) -> int:
+    """fp32 bytes of the teacher's weights (its parameters, the tied decoder once)."""
+    from transformers import BertForMaskedLM
+
+    return 4 * sum(p.numel() for p in BertForMaskedLM.from_pretrained(folder).parameters())
 
 
 def _growth(r: dict, kind: str) -> int:
     return r[f"peak_{kind}"] - r["baseline_anon" if kind == "anon" else "baseline_rss"]
 
 
-def report(results: list[dict], a: argparse.Namespace, device: str, row_bytes: int, seconds: float) -> None:
+def report(results: list[dict], a: argparse.Namespace, device: str, row_bytes: int, seconds: float,
+           teacher_bytes: int) -> None:
     print(f"\n{'configuration':<32} {'rows':>7} {'shard':>6} {'baseline':>9} {'peak anon':>10} {'peak RSS':>9} "
           f"{'anon growth':>12} {'RSS growth':>11} {'s':>6}")
     for r in results:
@@ -407,6 +428,10 @@ def report(results: list[dict], a: argparse.Namespace, device: str, row_bytes: i
           f"{shard / row_bytes:.1f} x the stored row ({row_bytes / 1024:,.0f} KiB, float16 before compression)")
     print(f"what grows with the loader's window (buffer_blocks x block_rows, every array read): {window / 1024:,.0f} "
           f"KiB per window row = {window / row_bytes:.1f} x the stored row")
+    live = (_growth(by_key["train_live"], "anon") - _growth(by_key["train"], "anon"))
+    summary["live_teacher"] = {"bytes": live, "teacher_fp32_bytes": teacher_bytes}
+    print(f"what a live teacher adds to a training process (its replica: each DDP process holds one): "
+          f"{live / MIB:,.1f} MiB, against {teacher_bytes / MIB:,.1f} MiB of fp32 teacher weights")
     for r in results:
         if r["key"] in ("build", "build_fixed", "train") and r["rows"] > a.rows:
             print(f"peak anon per tenth of the run, {r['label'].strip()} at {r['rows']:,} rows (MiB): "

@@ -456,8 +456,8 @@ def test_the_table_check_catches_a_widened_closure_a_missing_row_and_a_stale_one
     batching.write_text(source)
     row = next(line for line in text.splitlines() if line.startswith("| `data/subset.py` |"))
     assert reach_problems(copy, text.replace(row + "\n", "")) == [
-        "src/distillpipe/data/subset.py reaches ['data', 'teacher_cache'] and has no row: review that, then add "
-        "| `data/subset.py` | data, teacher_cache | <why> |"]
+        "src/distillpipe/data/subset.py reaches ['data', 'students', 'teacher_cache'] and has no row: review that, "
+        "then add | `data/subset.py` | data, teacher_cache, students | <why> |"]
     stale_row = "| `qg/model.py` | qg | the generator |\n"
     assert reach_problems(copy, text.replace(row + "\n", row + "\n" + stale_row)) == [
         "src/distillpipe/qg/model.py has a row but reaches ['qg']: remove the row"]

@@ -304,7 +304,7 @@ def test_precision_is_part_of_the_identity(int8_store, tmp_path, caplog):
 def test_a_precision_for_a_signal_not_kept_leaves_the_spec_float16():
     from distillpipe.config.base import build
     from distillpipe.config.teacher_cache import SignalsConfig
-    from distillpipe.teacher.cache import TeacherSizes, spec_for
+    from distillpipe.teacher.targets import TeacherSizes, spec_for
 
     sizes = TeacherSizes(head="mlm", num_labels=2, vocab_size=100, hidden_size=8, n_heads=2)
     raw = {"logits": False, "mlm_topk": 0, "hidden_layers": [1], "hidden_rank": None, "hidden_fit_rows": 16,

@@ -30,7 +30,7 @@ def tiny_model(kind: str, seed: int = 0, **over):
            "classification": transformers.BertForSequenceClassification,
            "qa": transformers.BertForQuestionAnswering}[kind]
     torch.manual_seed(seed)
-    cfg = tiny_config(num_labels=3, **over) if kind == "classification" else tiny_config(**over)
+    cfg = tiny_config(**{"num_labels": 3, **over}) if kind == "classification" else tiny_config(**over)
     model = cls(cfg)
     # Random init gives near-constant scores and logits (~1e-2); spread them to a trained teacher's O(1)
     # range so that fp16 storage is judged on realistic values and top-k on a non-flat distribution.

@@ -319,3 +319,54 @@ def test_plan_says_when_the_live_teacher_beats_reading_the_cache(repo, tmp_path,
                 assert f"({live:,.0f} rows/s)" in said[0] and f"({cached:,.0f} rows/s, disk-bound)" in said[0]
     res = runner.invoke(app, ["plan", "--params", str(repo["params"]), "--bench", str(bench)])
     assert "WARNING: toy_mlm: on the GPU box the live teacher" in res.output
+
+
+def test_plan_gives_each_run_its_faster_source_and_the_command_to_switch(repo, tmp_path, monkeypatch):
+    """Per train/finetune run: the teacher's share of a step from the cache and run live, here (the benchmark's
+    FLOP/s and cores) and on the GPU box, by the same formula as the items' reading; where the other source is
+    faster on the GPU box, the warning gives the one `dvc exp run -S` that switches the run."""
+    import yaml
+
+    monkeypatch.chdir(repo["root"])
+    params = yaml.safe_load(repo["params"].read_text())
+    params["train"] = {"runs": {
+        "a": {"dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "optim": {"batch_size": 32}},
+        "b": {"dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "optim": {"batch_size": 8}}}}
+    params["finetune"] = {"runs": {
+        "c": {"dataset": "toy_cls", "teacher": "models/teacher/clf", "optim": {"batch_size": 16}},
+        "gone": {"dataset": "no_such_cache", "teacher": "data/teacher/no_such_cache.zarr", "optim": {"batch_size": 4}}}}
+    path = write_params(tmp_path / "params.yaml", params)
+    bench = tmp_path / "at_scale.json"
+    bench.write_text(json.dumps({**BENCH, "disk": {**BENCH["disk"], "read_bytes_per_s": 2e4},
+                                 "loader": {"cpu_s_per_byte": 1e-12}}))
+    res = runner.invoke(app, ["plan", "--params", str(path), "--bench", str(bench), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    items = {i["name"]: i for i in out["items"]}
+    runs = {r["name"]: r for r in out["runs"]}
+    assert list(runs) == ["a", "b", "c"]  # a run of a dataset without a cache entry has nothing to plan
+    for r in runs.values():
+        item = items[r["dataset"]]
+        for where, flops, cores in (("here", BENCH["forward"]["flops_per_s"], BENCH["cores"]),
+                                    ("gpu", BENCH["gpu"]["flops_per_s"], BENCH["gpu"]["projection_cores"])):
+            live = flops / item["flops_per_row"]
+            cached = min(2e4 / item["est_row_bytes"], max(1, cores - 2) / (1e-12 * item["est_row_bytes"]))
+            assert r["rates"][where]["live_rows_per_s"] == pytest.approx(live)
+            assert r["rates"][where]["cached_rows_per_s"] == pytest.approx(cached)
+            assert r["step_seconds"][where] == pytest.approx({"cache": r["batch_size"] / cached,
+                                                              "live": r["batch_size"] / live})
+            assert r["faster"][where] == ("live" if live > cached else "cache")
+    assert runs["a"]["faster"]["gpu"] == "live" and not runs["a"]["live"]  # 20 kB/s of disk: reading loses
+    said = [w for w in out["warnings"] if w.startswith("toy_mlm: on the GPU box the live teacher")]
+    assert said and said[0].endswith("switch the runs that read it with dvc exp run -S "
+                                      "'train.runs.a.teacher=models/teacher/mlm' -S "
+                                      "'train.runs.b.teacher=models/teacher/mlm'")
+    # the classification cache (a few bytes a row) reads faster than any forward: the live run is told to switch back
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps({**BENCH, "disk": {**BENCH["disk"], "read_bytes_per_s": 1e15},
+                                "loader": {"cpu_s_per_byte": 1e-12}}))
+    res = runner.invoke(app, ["plan", "--params", str(path), "--bench", str(fast)])
+    assert res.exit_code == 0, res.output
+    assert ("WARNING: finetune.runs.c: runs its teacher live, but on the GPU box reading toy_cls's cache is faster"
+            in res.output and "dvc exp run -S 'finetune.runs.c.teacher=data/teacher/toy_cls.zarr'" in res.output)
+    assert "finetune.c" in res.output and "student runs:" in res.output

@@ -18,7 +18,8 @@ from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.data.schema import longest_list, read_meta
 from distillpipe.store.manifest import ManifestMismatch
 from distillpipe.store.reader import open_store
-from distillpipe.teacher.cache import TeacherCacheError, TeacherFacts, build_teacher_cache, signal_spec
+from distillpipe.teacher.cache import build_teacher_cache
+from distillpipe.teacher.targets import TeacherCacheError, TeacherFacts, signal_spec
 
 SHARD = 16
 

@@ -57,11 +57,29 @@ def format_plan(p: Plan) -> str:
                  (f" (+ {fmt_bytes(p.existing_bytes)} of stores already there)" if p.existing_bytes else ""))
     for w in p.warnings:
         lines.append(f"WARNING: {w}")
+    lines += _runs(p)
     lines.append("")
     for i in p.items:
         lines += _details(i)
     lines += ["", *_formulas(p)]
     return "\n".join(lines)
+
+
+def _runs(p: Plan) -> list[str]:
+    """The student runs that read the items' targets: where from now, the teacher's share of a step from either
+    source here and on the GPU box, and the faster one there."""
+    if not p.runs:
+        return []
+    table = [["run", "dataset", "teacher", "step here: cache", "live", "step GPU: cache", "live", "faster on GPU"]]
+    for r in p.runs:
+        row = [f"{r.section}.{r.name}", r.dataset, "live" if r.live else "cache"]
+        for where in ("here", "gpu"):
+            row += [_duration(r.step_seconds(where, "cache")), _duration(r.step_seconds(where, "live"))]
+        row.append(r.faster("gpu") or "?")
+        table.append(row)
+    lines = _columns(table)
+    return ["", "student runs: the teacher's share of a step (a batch of targets) from the cache or run live "
+            "(switch a run: dvc exp run -S '<section>.runs.<run>.teacher=...', docs/students.md)", *lines]
 
 
 def _details(i: ItemPlan) -> list[str]:
@@ -130,7 +148,7 @@ def _formulas(p: Plan) -> list[str]:
 def _columns(table: list[list[str]]) -> list[str]:
     """Fixed-width columns: names and words left, numbers right."""
     widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
-    left = {c for c, name in enumerate(table[0]) if c in (0, 2) or name == "bound"}
+    left = {c for c, name in enumerate(table[0]) if c in (0, 2) or name in ("bound", "dataset", "faster on GPU")}
     return ["  ".join(cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths)))
             .rstrip() for r in table]
 

@@ -97,10 +97,19 @@ def cached_vs_live(flops_per_row: float, disk_row_bytes: float, bench: Bench) ->
     """On the projected GPU box: a student's epoch reading the cache (rows/s: the disk's read, or the loader's CPU
     on the cores left) against the teacher run live on every batch (its forward on the GPU), with the benchmark's
     disk and with a :data:`NVME_BYTES_PER_S` NVMe; None without the figures (an older benchmark JSON)."""
+    return reading_rates(flops_per_row, disk_row_bytes, bench.gpu_flops_per_s, bench.projection_cores, bench)
+
+
+def reading_rates(flops_per_row: float, disk_row_bytes: float, flops_per_s: float, cores: int,
+                  bench: Bench) -> dict[str, Any] | None:
+    """A student's epoch on a machine of ``flops_per_s`` and ``cores`` with the benchmark's disk: rows/s reading the
+    cache (the disk's read, or the loader's CPU on the cores left: one drives the accelerator, one is the OS's)
+    against the teacher run live (its forward at ``flops_per_s``); also from a :data:`NVME_BYTES_PER_S` NVMe. None
+    without the figures (an older benchmark JSON)."""
     if bench.disk_read_bytes_per_s is None or bench.loader_cpu_s_per_byte is None:
         return None
-    spare = max(1, bench.projection_cores - 2)  # one core drives the GPU, one is the OS's
-    live = bench.gpu_flops_per_s / max(flops_per_row, 1.0)
+    spare = max(1, cores - 2)
+    live = flops_per_s / max(flops_per_row, 1.0)
     out: dict[str, Any] = {"live_rows_per_s": live}
     for disk, read in (("disk", bench.disk_read_bytes_per_s), ("nvme", NVME_BYTES_PER_S)):
         limits = {"disk": read / max(disk_row_bytes, 1.0),

@@ -36,10 +36,10 @@ from distillpipe.runtime import torch_threads
 from distillpipe.store.constants import as_constants
 from distillpipe.store.loader import RowTable
 from distillpipe.store.schema import LENGTH, SignalSpec, constant_names
-from distillpipe.teacher.cache import TeacherCacheError, TeacherFacts, describe, signal_spec, split_rows
 from distillpipe.teacher.capture import capture_batch
 from distillpipe.teacher.fit import fit_constants
 from distillpipe.teacher.load import load_teacher
+from distillpipe.teacher.targets import TeacherCacheError, TeacherFacts, describe, signal_spec, split_rows
 
 log = logging.getLogger(__name__)
 

@@ -46,16 +46,17 @@ from typing import Any
 
 import numpy as np
 
-from distillpipe.config.base import load_section
+from distillpipe.config.base import load_params, load_section
+from distillpipe.config.run import teacher_is_live
 from distillpipe.config.teacher_cache import TeacherCacheConfig, TeacherCacheDatasetConfig
 from distillpipe.config.tokenize import TokenizeConfig
 from distillpipe.store import constants as store_constants
 from distillpipe.store.schema import SignalSpec
 from distillpipe.store.shards import tree_bytes
-from distillpipe.teacher.bench import Bench, cached_vs_live, load_bench, throughput
-from distillpipe.teacher.cache import TeacherCacheError, TeacherSizes, spec_for
+from distillpipe.teacher.bench import Bench, cached_vs_live, load_bench, reading_rates, throughput
 from distillpipe.teacher.estimate import ArrayPlan, array_plans, constant_shapes, float16_row_bytes, fmt_bytes
 from distillpipe.teacher.rows import Rows, count_rows
+from distillpipe.teacher.targets import TeacherCacheError, TeacherSizes, spec_for
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,72 @@ def row_flops(config: Mapping, spec: SignalSpec, head: str, rows: Rows) -> float
     return float(np.dot(per_length, counts) / counts.sum())
 
 
+@dataclass
+class RunPlan:
+    """A student run that distils from a dataset's teacher targets (a ``train`` or ``finetune`` run): where they come
+    from now (its ``teacher`` param), and what each source costs a step, here and on the GPU box."""
+
+    section: str
+    name: str
+    dataset: str
+    teacher: str
+    """The run's ``teacher`` param: its dataset's cache, or a teacher folder run live."""
+    batch_size: int
+    teacher_dir: str
+    """The folder the run would run live: ``models/teacher/<teacher_cache.datasets.<dataset>.teacher>``."""
+    rates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``here`` / ``gpu``: :func:`~distillpipe.teacher.bench.reading_rates` of the dataset's targets."""
+
+    @property
+    def live(self) -> bool:
+        return teacher_is_live(self.teacher)
+
+    def faster(self, where: str) -> str | None:
+        """``live`` or ``cache``: the faster source on ``where`` (None: not measured)."""
+        r = self.rates.get(where)
+        return None if r is None else "live" if r["live_rows_per_s"] > r["cached_rows_per_s"] else "cache"
+
+    def step_seconds(self, where: str, source: str) -> float | None:
+        """The teacher's share of one step (a global batch of targets) from ``source`` (``live``/``cache``)."""
+        r = self.rates.get(where)
+        return None if r is None else self.batch_size / r["live_rows_per_s" if source == "live" else
+                                                          "cached_rows_per_s"]
+
+    def switch(self, to: str) -> str:
+        """The one params change that moves the run to ``to`` (``live``/``cache``), as a command."""
+        value = self.teacher_dir if to == "live" else f"data/teacher/{self.dataset}.zarr"
+        return f"dvc exp run -S '{self.section}.runs.{self.name}.teacher={value}'"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"section": self.section, "name": self.name, "dataset": self.dataset, "teacher": self.teacher,
+                "live": self.live, "batch_size": self.batch_size, "rates": self.rates,
+                "faster": {w: self.faster(w) for w in self.rates},
+                "step_seconds": {w: {src: self.step_seconds(w, src) for src in ("cache", "live")} for w in self.rates}}
+
+
+def plan_runs(params: Path, items: list[ItemPlan], bench: Bench | None) -> list[RunPlan]:
+    """Every ``train`` and ``finetune`` run of ``params`` whose dataset has a ``teacher_cache`` entry, with the
+    rates of its dataset's targets from either source (``train_aug`` and ``train_lm`` runs read caches only)."""
+    data = load_params(params)
+    by_name = {i.name: i for i in items}
+    out = []
+    for section in ("train", "finetune"):
+        for name, run in ((data.get(section) or {}).get("runs") or {}).items():
+            item = by_name.get(run.get("dataset"))
+            if item is None or "teacher" not in run:
+                continue
+            r = RunPlan(section, name, item.name, str(run["teacher"]), int(run["optim"]["batch_size"]),
+                        f"models/teacher/{item.teacher}")
+            if bench is not None and item.flops_per_row is not None:
+                for where, flops_per_s, cores in (("here", bench.forward_flops_per_s, bench.cores),
+                                                  ("gpu", bench.gpu_flops_per_s, bench.projection_cores)):
+                    rates = reading_rates(item.flops_per_row, item.est_row_bytes, flops_per_s, cores, bench)
+                    if rates is not None:
+                        r.rates[where] = rates
+            out.append(r)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # every item
 # --------------------------------------------------------------------------------------------
@@ -332,6 +399,8 @@ class Plan:
     existing_bytes: int
     """Bytes of stores already under data/teacher: a resume keeps them, a rebuild frees them first."""
     warnings: list[str]
+    runs: list[RunPlan] = field(default_factory=list)
+    """The student runs that read the items' targets, with either source's cost (:class:`RunPlan`)."""
 
     def total(self, attr: str) -> float | None:
         """Sum of an item attribute; None when any item's is unknown."""
@@ -350,7 +419,7 @@ class Plan:
                            "files": None if None in files else sum(f["total"] for f in files),
                            "seconds_here": self.seconds("here"), "seconds_gpu": self.seconds("gpu")},
                 "disk": {"path": self.disk_path, "free": self.disk_free, "existing_stores": self.existing_bytes},
-                "warnings": self.warnings}
+                "runs": [r.to_dict() for r in self.runs], "warnings": self.warnings}
 
     @property
     def total_rows(self) -> int | None:
@@ -371,16 +440,26 @@ def plan_caches(params: Path, root: Path, bench_path: Path) -> Plan:
         disk = disk.parent
     free = shutil.disk_usage(disk).free
     existing = sum(tree_bytes(out / f"{i.name}.zarr") for i in items) if out.is_dir() else 0
-    plan = Plan(items, bench, str(disk), free, existing, [])
+    plan = Plan(items, bench, str(disk), free, existing, [], plan_runs(params, items, bench))
     for i in items:
         plan.warnings += [f"{i.name}: {p}" for p in i.problems]
         r = i.reading
+        runs = [run for run in plan.runs if run.dataset == i.name]
         if r is not None and r["live_rows_per_s"] > r["cached_rows_per_s"]:
+            cached = [run for run in runs if not run.live]
+            follow = (": switch the runs that read it with " + " ".join(
+                [cached[0].switch("live")] + [f"-S '{x.section}.runs.{x.name}.teacher={x.teacher_dir}'"
+                                              for x in cached[1:]])) if cached else \
+                (": every run of it already does" if runs else "")
             plan.warnings.append(
                 f"{i.name}: on the GPU box the live teacher ({r['live_rows_per_s']:,.0f} rows/s) is faster than a "
                 f"student reading this cache ({r['cached_rows_per_s']:,.0f} rows/s, {r['cached_bound']}-bound): for "
-                "these signals, distil from the live teacher, or store them compact (hidden_rank, attn_rank, int8: "
-                "docs/precision.md) or on a faster disk")
+                "these signals, distil from the live teacher (docs/students.md), or store them compact (hidden_rank, "
+                f"attn_rank, int8: docs/precision.md) or on a faster disk{follow}")
+        elif r is not None:
+            plan.warnings += [f"{run.section}.runs.{run.name}: runs its teacher live, but on the GPU box reading "
+                              f"{i.name}'s cache is faster ({r['cached_rows_per_s']:,.0f} rows/s against "
+                              f"{r['live_rows_per_s']:,.0f}): {run.switch('cache')}" for run in runs if run.live]
     # the items whose size is known: with one unknown, the stores need more than that
     est = sum(i.est_bytes for i in items if i.est_bytes is not None)
     upper = sum(i.nbytes for i in items if i.nbytes is not None)

@@ -15,7 +15,7 @@ from distillpipe.config.teacher_cache import TeacherCacheDatasetConfig
 from distillpipe.config.tokenize import TokenizeConfig, TokenizeMLMConfig, TokenizeQAConfig
 from distillpipe.data.masking import n_to_mask
 from distillpipe.data.schema import read_meta
-from distillpipe.teacher.cache import masked_counts, split_rows
+from distillpipe.teacher.targets import masked_counts, split_rows
 
 CHARS_PER_TOKEN = 4.7
 """Characters per WordPiece token of English prose (measured on the embedded Wikipedia sample with MiniLM's uncased

@@ -49,18 +49,18 @@ def task_spec(meta: dict, run: RunConfig, signals, teacher_config: dict) -> Task
             # CMOW paper sec. IV-A (after Raffel et al.): STS-B as classification over 0.2-wide bins, the teacher's
             bin_width = (teacher_config.get("distillpipe") or {}).get("regression_bin_width")
             if not bin_width:
-                raise TrainDataError(f"{meta['name']} is a regression task, but the teacher of its cache was not "
+                raise TrainDataError(f"{meta['name']} is a regression task, but its teacher was not "
                                      "fine-tuned on bins (its config has no distillpipe.regression_bin_width): "
                                      "fine-tune it with teacher_finetune and regression_bin_width set")
             if not signals.n_classes:
-                raise TrainDataError(f"{meta['name']} is a regression task: its teacher cache must hold the logits "
-                                     "over the bins (teacher_cache signals.logits: true)")
+                raise TrainDataError(f"{meta['name']} is a regression task: its teacher targets must hold the "
+                                     "logits over the bins (teacher_cache signals.logits: true)")
             num_labels = signals.n_classes
         else:
             names = meta.get("label_names")
             num_labels = len(names) if names else int(meta.get("num_labels") or 0)
         if signals.n_classes and signals.n_classes != num_labels:
-            raise TrainDataError(f"the teacher cache has {signals.n_classes} classes, the tokens {num_labels}")
+            raise TrainDataError(f"the teacher's logits have {signals.n_classes} classes, the tokens {num_labels}")
     else:
         num_labels = 0
     if (kind == "classification") != (run.head is not None):
