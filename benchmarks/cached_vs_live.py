@@ -130,6 +130,7 @@ def run_config(params: dict, section: str, name: str, dataset: str) -> TrainRunC
     objective = {**run["objective"], "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                                   "temperature_decay": False}}
     return build(TrainRunConfig, {**run, "dataset": dataset, "teacher": f"data/teacher/{dataset}.zarr",
+                                  "mlm_views": "static",
                                   "optim": optim, "objective": objective}, f"{section}.runs.{name}")
 
 

@@ -102,7 +102,7 @@ def ddp_step_time(tmp: Path, train_rows: int) -> None:
                                                                pool=1)}, "c")
     build_teacher_cache("toy", tokens, clf, cfg, "cpu", 64, 256, tmp / "cls.zarr", cpu_threads=1)
     run = {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 256, "dropout": 0.1},
-           "teacher": "data/teacher/toy.zarr",
+           "teacher": "data/teacher/toy.zarr", "mlm_views": "static",
            "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 8, "d_vec": 64,
                      "init_std": 0.01, "dropout": 0.1},
            "objective": {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],

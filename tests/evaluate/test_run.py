@@ -35,7 +35,7 @@ def qa_student(tmp_path_factory):
     build_teacher_cache("toy_qa", tokens, teacher, cache, "cpu", 16, 32, root / "qa.zarr", cpu_threads=1)
     run = build(TrainRunConfig, {
         "dataset": "toy_qa", "model": TINY_WALDORF, "encoding": "joint", "head": None,
-        "teacher": "data/teacher/toy_qa.zarr",
+        "teacher": "data/teacher/toy_qa.zarr", "mlm_views": "static",
         "objective": {"loss_weights": {"hard": 1.0, "soft": 1.0}, "hidden_loss": "mse", "layer_map": [2],
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                    "temperature_decay": False}},

@@ -6,6 +6,8 @@ The reference is the cache itself, built by the real build from the same ``teach
 share the capture, but not the batches (the build batches a shard's rows by length, a run by its shuffled blocks),
 not the fit's process, and not the store's encoding, so what is compared is what a user relies on."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -229,6 +231,7 @@ def test_a_student_trained_live_ends_where_one_trained_from_the_cache_does(teach
     store = _store(teachers, tmp_path, head, kind, cfg)
     run = build(TrainRunConfig, {
         "dataset": name, "teacher": f"data/teacher/{name}.zarr", "model": model, "encoding": "joint", "head": None,
+        "mlm_views": "static",
         "objective": {"loss_weights": weights, "hidden_loss": "mse", "layer_map": layer_map,
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 2.0,
                                    "temperature_decay": False}},
@@ -261,7 +264,7 @@ def test_the_command_runs_a_teacher_folder_live_and_refuses_what_does_not_fit(te
     folder = tmp_path / "models" / "teacher" / "clf"
     folder.parent.mkdir(parents=True)
     folder.symlink_to(teachers["dirs"][head], target_is_directory=True)
-    run = {"dataset": "toy", "teacher": "models/teacher/clf",
+    run = {"dataset": "toy", "teacher": "models/teacher/clf", "mlm_views": "static",
            "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
                      "init_std": 0.01, "dropout": 0.0},
            "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
@@ -304,3 +307,50 @@ def test_a_live_run_refuses_tokens_of_another_tokenizer(teachers, tmp_path):
     with pytest.raises(Exception, match="another tokenizer"):
         live_teacher(LiveSettings("toy", other, _entry(head, sig, None), BATCH, SHARD, 1), teachers["tokens"]["cls"],
                      "cpu")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for a DVC repository")
+def test_a_live_teacher_altered_after_the_committed_dvc_lock_is_refused(teachers, tmp_path):
+    """The teacher folder a live run loads is proved against git's dvc.lock as a cache is (store/anchor.py): its
+    weights decide every target. A weight file rewritten in the workspace is refused before anything loads."""
+    from _dvc import DVC, sh
+
+    from distillpipe.store.anchor import StoreAltered
+
+    repo = tmp_path / "repo"
+    shutil.copytree(teachers["dirs"]["classification"], repo / "seed")
+    (repo / "dvc.yaml").write_text("stages:\n  teacher:\n    cmd: cp -r seed models/teacher/clf\n    deps: [seed]\n"
+                                   "    outs: [models/teacher/clf]\n")
+    (repo / "models" / "teacher").mkdir(parents=True)
+    for args in (("git", "init", "-q"), (DVC, "init", "-q"), (DVC, "config", "core.analytics", "false"),
+                 (DVC, "repro", "-q"), ("git", "add", "-A"), ("git", "commit", "-qm", "teacher")):
+        sh(repo, *args)
+    head, kind, sig, _ = SETS["logits, dense hidden and pooled scores"]
+    folder = repo / "models" / "teacher" / "clf"
+    settings = LiveSettings("toy", folder, _entry(head, sig, None), BATCH, SHARD, 1)
+    run = build(TrainRunConfig, {
+        "dataset": "toy", "teacher": "models/teacher/clf", "mlm_views": "static",
+        "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
+                  "init_std": 0.01, "dropout": 0.0},
+        "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
+        "objective": {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
+                      "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
+                                   "temperature_decay": False}},
+        "optim": {"epochs": 1, "max_steps": 2, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0, "max_grad_norm": 1.0,
+                  "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},
+        "note": "anchored"}, "train.runs.r")
+
+    def train(name):
+        return train_student(name, model_cfg=run.model, run=run, loader_cfg=LoaderConfig(16, 3, 1), device="cpu",
+                             tokens_dir=teachers["tokens"]["cls"], store_path=settings, prepared_dir=None,
+                             out_dir=tmp_path / name, ckpt_dir=tmp_path / f"{name}.ck", live_dir=tmp_path / f"{name}.p")
+
+    assert train("ok").steps == 2  # proved: every file is the one dvc.lock names
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.unlink()  # (the workspace copy may share the DVC cache's inode)
+    weights.write_bytes(bytes(data))
+    with pytest.raises(StoreAltered, match=r"^teacher models/teacher/clf: model\.safetensors .*is not the file the "
+                                           r"committed dvc\.lock names.*changed in the workspace after checkout"):
+        train("altered")

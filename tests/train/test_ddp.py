@@ -83,7 +83,7 @@ def test_a_process_count_that_does_not_fit_is_one_message_naming_the_value_to_se
 
 def _run(dropout):
     return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": dropout},
-            "teacher": "data/teacher/toy.zarr",
+            "teacher": "data/teacher/toy.zarr", "mlm_views": "static",
             "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
                       "init_std": 0.01, "dropout": dropout},
             "objective": OBJECTIVE, "note": "ddp",

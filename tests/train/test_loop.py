@@ -54,6 +54,7 @@ def _objective(weights, layer_map=(-1,)):
 
 def _cls_run(**over):
     r = {"dataset": "toy", "teacher": "data/teacher/toy.zarr", "model": MODEL, "encoding": "joint",
+         "mlm_views": "static",
          "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
          "objective": _objective({"hard": 0.5, "soft": 0.5}), "optim": _optim(), "note": "test"}
     r.update(over)
@@ -117,6 +118,7 @@ def test_task_distillation_learns_and_saves(toy, tmp_path):
 
 def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
     general = {**_cls_run(), "dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "head": None,
+               "mlm_views": "static",
                "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2]), "optim": _optim(epochs=2)}
     s = _train(toy, tmp_path, general, kind="mlm", name="general")
     first = s.steps
@@ -125,8 +127,8 @@ def test_general_distillation_then_finetune_copies_the_encoder(toy, tmp_path):
     assert np.mean(hidden[-4:]) < np.mean(hidden[:4]), "the hidden-state loss falls"
     assert "mlm_accuracy" in s.dev and first == 2 * 64 // 8
 
-    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "general", "student": "cmow_hybrid",
-                                                                     "tune": "full", "optim": _optim(epochs=0)}
+    ft = {k: v for k, v in _cls_run().items() if k not in ("model", "mlm_views")}
+    ft |= {"init": "general", "student": "cmow_hybrid", "tune": "full", "optim": _optim(epochs=0)}
     _train(toy, tmp_path, ft, name="ft", init=tmp_path / "general", finetune=True)
     g, _ = load_student(tmp_path / "general", torch.device("cpu"))
     f, _ = load_student(tmp_path / "ft", torch.device("cpu"))
@@ -141,9 +143,8 @@ def test_tune_head_trains_only_the_head(toy, tmp_path):
     head has moved, and the metrics count only the head as trainable; ``tune: adapters`` on a student without
     adapters is refused."""
     _train(toy, tmp_path, _cls_run(optim=_optim(epochs=1)), name="init")
-    ft = {k: v for k, v in _cls_run().items() if k != "model"} | {"init": "init", "student": "cmow_hybrid",
-                                                                     "tune": "head",
-                                                                     "optim": _optim(epochs=2, lr=1e-2)}
+    ft = {k: v for k, v in _cls_run().items() if k not in ("model", "mlm_views")}
+    ft |= {"init": "init", "student": "cmow_hybrid", "tune": "head", "optim": _optim(epochs=2, lr=1e-2)}
     s = _train(toy, tmp_path, ft, name="ft", init=tmp_path / "init", finetune=True)
     assert s.steps == 2 * 96 // 8
     g, _ = load_student(tmp_path / "init", torch.device("cpu"))
@@ -175,6 +176,7 @@ def test_missing_teacher_signal_is_a_clear_error(toy, tmp_path):
     with pytest.raises(Exception, match=r"hidden/L2.*add the signals to teacher_cache"):
         _train(toy, tmp_path, run)
     bad = {**_cls_run(), "dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "head": None,
+           "mlm_views": "static",
            "objective": _objective({"hard": 0.5, "hidden": 0.5}, layer_map=[2, 2])}
     with pytest.raises(ObjectiveError, match="layer_map has 2 entries but the student exposes 1"):
         _train(toy, tmp_path, bad, kind="mlm")
@@ -333,7 +335,7 @@ def test_augmented_rows_are_mixed_in_with_teacher_losses_only(toy, tmp_path):
     from distillpipe.config.train_aug import TrainAugRunConfig
 
     aug_tokens, aug_store = _unlabeled_copy(toy, toy["root"])
-    run = {k: v for k, v in _cls_run(optim=_optim(epochs=1)).items() if k != "teacher"}  # train_aug runs read caches
+    run = {k: v for k, v in _cls_run(optim=_optim(epochs=1)).items() if k not in ("teacher", "mlm_views")}
     rcfg = build(TrainAugRunConfig, {**run, "augment": "toy_aug"}, "runs.aug")
     s = train_student("aug", model_cfg=rcfg.model, run=rcfg, loader_cfg=build(LoaderConfig, LOADER, "loader"),
                       device="cpu", tokens_dir=toy["cls"], store_path=toy["cls_store"], prepared_dir=None,

@@ -133,6 +133,7 @@ def test_max_rows_caches_evenly_spaced_rows(mlm, tmp_path):
 def _train(mlm, tmp_path, name, epochs):
     run = build(TrainRunConfig, {
         "dataset": "toy_mlm", "teacher": "data/teacher/toy_mlm.zarr", "model": MODEL, "encoding": "joint", "head": None,
+        "mlm_views": "static",
         "objective": {"loss_weights": {"hard": 1.0, "hidden": 3.0, "attn_kl": 3.0}, "hidden_loss": "cosine",
                       "layer_map": [1, 2], "schedule": {**ALL_AT_ONCE, "warmup_fraction": 0.1}},
         "optim": {"epochs": epochs, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0,

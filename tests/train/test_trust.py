@@ -34,7 +34,7 @@ def _optim(**over):
 
 def _run(**over):
     return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
-            "teacher": "data/teacher/toy.zarr",
+            "teacher": "data/teacher/toy.zarr", "mlm_views": "static",
             "objective": OBJECTIVE, "optim": _optim(), "note": "test", **over}
 
 

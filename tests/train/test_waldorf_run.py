@@ -38,7 +38,7 @@ def qa(tmp_path_factory):
 def _run(schedule, weights):
     return build(TrainRunConfig, {
         "dataset": "toy_qa", "model": TINY_WALDORF, "encoding": "joint", "head": None,
-        "teacher": "data/teacher/toy_qa.zarr",
+        "teacher": "data/teacher/toy_qa.zarr", "mlm_views": "static",
         "objective": {"loss_weights": weights, "hidden_loss": "mse", "layer_map": [1, 2], "schedule": schedule},
         "optim": {"epochs": 4, "max_steps": 30, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.0,
                   "max_grad_norm": 1.0, "eval_every": 0, "patience": None, "checkpoint_minutes": 10, "seed": 0},

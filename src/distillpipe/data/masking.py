@@ -171,3 +171,20 @@ def masked_rows(blocks: Iterable[np.ndarray], spec: MaskingSpec, split: str, vie
 def _empty_columns() -> dict[str, list]:
     return {k: [] for k in ("input_ids", "token_type_ids", "length", "block_id", "view",
                             "masked_positions", "masked_labels")}
+
+
+def fresh_views(rows: dict[str, list], spec: MaskingSpec, split: str, views: int, epoch: int) -> dict[str, list]:
+    """``rows`` (Tokens ``mlm`` columns with ``block_id`` and ``view``) masked anew for ``epoch``: the row of view
+    ``v`` of block ``b`` gets view ``v + views * epoch`` of its block, drawn exactly as :func:`mask_view` draws the
+    static ones (so epoch 0 gives the static views themselves, and every later epoch masks each block ``views`` new
+    ways). The block is the row with its masked positions restored from their labels. Other columns are kept."""
+    key = split_key(split)
+    out = {k: list(v) for k, v in rows.items()}
+    for i, (ids, pos, labels, block_id, view) in enumerate(zip(
+            rows["input_ids"], rows["masked_positions"], rows["masked_labels"], rows["block_id"], rows["view"],
+            strict=True)):
+        block = np.asarray(ids, dtype=np.int32).copy()
+        block[np.asarray(pos, dtype=np.int64)] = np.asarray(labels, dtype=np.int32)
+        masked, positions, original = mask_view(block, spec, key, int(block_id), int(view) + views * epoch)
+        out["input_ids"][i], out["masked_positions"][i], out["masked_labels"][i] = masked, positions, original
+    return out

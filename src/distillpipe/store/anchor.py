@@ -85,25 +85,27 @@ class Anchor:
         return (self.cache if self.legacy else self.cache / "files" / "md5") / md5[:2] / md5[2:]
 
 
-def prove_store(store: str | Path, *, recheck: bool = False,
-                threads: int | None = None) -> tuple[Anchor | None, str]:
+def prove_store(store: str | Path, *, recheck: bool = False, threads: int | None = None,
+                what: str = "teacher cache") -> tuple[Anchor | None, str]:
     """Check that the files of ``store`` are the ones the committed ``dvc.lock`` names: (the anchor, ''), or (None,
     why) when the store is unanchored (logged as a WARNING). Raises :class:`StoreAltered` on any missing, extra or
-    changed file, or a listing that is not the one named. ``recheck``: hash every file, even those this clone has proved
-    unchanged since (``distillpipe inspect --verify``)."""
+    changed file, or a listing that is not the one named. ``recheck``: hash every file, even those this clone has
+    proved unchanged since (``distillpipe inspect --verify``). Any folder a stage outputs is proved the same way:
+    ``what`` names it in the messages (a run's live teacher: ``teacher``)."""
     store = Path(store)
-    anchor, why = find_anchor(store)
+    anchor, why = find_anchor(store, what)
     if anchor is None:
-        log.warning("teacher cache %s is unanchored (%s): its files are checked against their own crc32c values "
-                    "only, which catch damage but not an altered copy; commit dvc.lock to anchor it", store, why)
+        checked = ("its files are checked against their own crc32c values only, which catch damage but not an "
+                   "altered copy") if what == "teacher cache" else "nothing would catch an altered copy"
+        log.warning("%s %s is unanchored (%s): %s; commit dvc.lock to anchor it", what, store, why, checked)
         return None, why
     on_disk = _files(anchor.store)
     missing = sorted(set(anchor.files) - set(on_disk))
     extra = sorted(set(on_disk) - set(anchor.files))
     if missing:
-        raise StoreAltered(_missing_text(anchor, missing))
+        raise StoreAltered(_missing_text(anchor, missing, what))
     if extra:
-        raise StoreAltered(f"teacher cache {anchor.path} holds {_describe(extra[0])} ({extra[0]}"
+        raise StoreAltered(f"{what} {anchor.path} holds {_describe(extra[0])} ({extra[0]}"
                            f"{_more(extra)}), which the committed dvc.lock's listing of it ({anchor.stage}, "
                            f"{anchor.listing}) does not name: run `dvc checkout --force {anchor.path}`")
     known = {} if recheck else _read_witness(anchor)
@@ -120,18 +122,18 @@ def prove_store(store: str | Path, *, recheck: bool = False,
     bad = [rel for rel, digest, _ in results if digest != anchor.files[rel]]
     if bad:
         bad.sort(key=lambda rel: _MARKER.match(rel) is not None)  # name a data file before its marker
-        raise StoreAltered(_altered_text(anchor, bad))
+        raise StoreAltered(_altered_text(anchor, bad, what))
     proved = {rel: known[rel] for rel in anchor.files if rel not in todo}
     proved.update({rel: list(stamp) for rel, _, stamp in results if stamp is not None})
     _write_witness(anchor, proved)
-    log.info("teacher cache %s: every file is the one the committed dvc.lock names (%s at %s, %s): %d files, "
-             "%d hashed (%.2f GB in %.1f s), %d unchanged since proved", anchor.path, anchor.stage,
+    log.info("%s %s: every file is the one the committed dvc.lock names (%s at %s, %s): %d files, "
+             "%d hashed (%.2f GB in %.1f s), %d unchanged since proved", what, anchor.path, anchor.stage,
              anchor.commit[:10], anchor.listing, len(anchor.files), len(todo), size / 1e9,
              time.perf_counter() - started, len(anchor.files) - len(todo))
     return anchor, ""
 
 
-def find_anchor(store: str | Path) -> tuple[Anchor | None, str]:
+def find_anchor(store: str | Path, what: str = "teacher cache") -> tuple[Anchor | None, str]:
     """(the anchor of ``store``, '') or (None, why it is unanchored). Raises :class:`StoreAltered` when the committed
     ``dvc.lock`` names the store but this clone's DVC cache lacks its listing or holds another one under its name.
 
@@ -174,7 +176,7 @@ def find_anchor(store: str | Path) -> tuple[Anchor | None, str]:
                     legacy=out.get("hash") != "md5",
                     source=f"remote '{remote}' ({url})" if url else "no default remote", remote=remote or "<remote>",
                     witness=witness)
-    return replace(anchor, files=_listing(anchor)), ""
+    return replace(anchor, files=_listing(anchor, what)), ""
 
 
 def explain_missing(store: str | Path) -> str | None:
@@ -202,20 +204,20 @@ def _output(lock_text: str, path: str) -> tuple[str, dict] | None:
     return None
 
 
-def _listing(anchor: Anchor) -> dict[str, str]:
+def _listing(anchor: Anchor, what: str) -> dict[str, str]:
     """{relative path: md5} from the listing object in this clone's DVC cache, after checking its md5."""
     where = Path(anchor.cache_path(anchor.listing))
     try:
         raw = where.read_bytes()
     except FileNotFoundError:
         raise StoreAltered(
-            f"teacher cache {anchor.path} cannot be checked: this clone's DVC cache lacks the listing of its files "
+            f"{what} {anchor.path} cannot be checked: this clone's DVC cache lacks the listing of its files "
             f"that the committed dvc.lock names ({anchor.stage}, {anchor.listing}): run `dvc pull --force "
             f"{anchor.path}` ({anchor.source})") from None
     digest = hashlib.md5(raw).hexdigest()
     if digest + ".dir" != anchor.listing:
         raise StoreAltered(
-            f"teacher cache {anchor.path}: the listing of its files in this clone's DVC cache ({where}) has md5 "
+            f"{what} {anchor.path}: the listing of its files in this clone's DVC cache ({where}) has md5 "
             f"{digest}, not the {anchor.listing} the committed dvc.lock names ({anchor.stage}); it came from "
             f"{anchor.source}, altered there or on the way: delete {where} and run `dvc pull --force {anchor.path}` "
             f"with `verify = true` on the remote, or rebuild with `dvc repro -f {anchor.stage}` and `dvc push`")
@@ -291,11 +293,11 @@ def _more(rels: list[str]) -> str:
     return f"; and {len(rels) - 1} more: {shown}{', ...' if len(rels) > 4 else ''}"
 
 
-def _altered_text(anchor: Anchor, bad: list[str]) -> str:
+def _altered_text(anchor: Anchor, bad: list[str], what: str) -> str:
     rel = bad[0]
     expected = anchor.files[rel]
     obj = Path(anchor.cache_path(expected))
-    head = (f"teacher cache {anchor.path}: {_describe(rel)} ({rel}{_more(bad)}) is not the file the committed "
+    head = (f"{what} {anchor.path}: {_describe(rel)} ({rel}{_more(bad)}) is not the file the committed "
             f"dvc.lock names ({anchor.stage} at {anchor.commit[:10]}: md5 {expected})")
     try:
         same = obj.samefile(anchor.store / rel)
@@ -312,12 +314,12 @@ def _altered_text(anchor: Anchor, bad: list[str]) -> str:
             f"copy), or rebuild it with `dvc repro -f {anchor.stage}` and `dvc push`")
 
 
-def _missing_text(anchor: Anchor, missing: list[str]) -> str:
+def _missing_text(anchor: Anchor, missing: list[str], what: str) -> str:
     uncached = [rel for rel in missing if not Path(anchor.cache_path(anchor.files[rel])).exists()]
     if not uncached:
-        return (f"teacher cache {anchor.path} lacks {_describe(missing[0])} ({missing[0]}{_more(missing)}), which "
+        return (f"{what} {anchor.path} lacks {_describe(missing[0])} ({missing[0]}{_more(missing)}), which "
                 f"this clone's DVC cache holds: run `dvc checkout --force {anchor.path}`")
-    return (f"teacher cache {anchor.path}: this clone's DVC cache lacks {_describe(uncached[0])} ({uncached[0]}, md5 "
+    return (f"{what} {anchor.path}: this clone's DVC cache lacks {_describe(uncached[0])} ({uncached[0]}, md5 "
             f"{anchor.files[uncached[0]]}{_more(uncached)}) of the committed dvc.lock ({anchor.stage}): run `dvc pull "
             f"{anchor.path}`. If `dvc pull` said 'Is your cache up to date?', DVC refused a copy from {anchor.source} "
             f"whose bytes are not its md5 (`verify = true`): the remote's copy was altered or damaged; rebuild it "

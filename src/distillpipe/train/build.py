@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from distillpipe.config.finetune import FinetuneRunConfig
 from distillpipe.config.run import LoaderConfig, RunConfig
 from distillpipe.config.students import StudentConfig
+from distillpipe.config.train import TrainRunConfig
 from distillpipe.data.collate import TrainDataError, collate
 from distillpipe.data.schema import read_meta
 from distillpipe.data.word_vectors import load_table
@@ -240,9 +241,11 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     tokens_dir = Path(tokens_dir)
     meta = read_meta(tokens_dir)
     group, dev = join(device)
-    for path in (store_path, *(augment or ())[2:]):
-        if not isinstance(path, LiveSettings):
-            prove_store(path)  # its files are the ones git's dvc.lock names, before anything reads them
+    for path in (store_path, *(augment or ())[2:]):  # its files are the ones git's dvc.lock names, before any is read
+        if isinstance(path, LiveSettings):
+            prove_store(path.teacher_dir, what="teacher")  # a live teacher's weights decide every target
+        else:
+            prove_store(path)
     if isinstance(store_path, LiveSettings):
         teacher: Path | LiveTeacher = live_teacher(store_path, tokens_dir, str(dev))
         signals, teacher_config = teacher.spec, teacher.facts.config
@@ -279,7 +282,8 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
     loader_kw = {"batch_size": opt.batch_size, "seed": opt.seed, "block_rows": loader_cfg.block_rows,
                  "buffer_blocks": loader_cfg.buffer_blocks, "streams": loader_cfg.streams,
                  "num_workers": loader_workers, "rank": group.rank, "world": group.world}
-    source = Source(meta["name"], tokens_dir, teacher, names, **loader_kw)
+    fresh = isinstance(run, TrainRunConfig) and run.mlm_views == "fresh"
+    source = Source(meta["name"], tokens_dir, teacher, names, fresh_masks=fresh, **loader_kw)
     sources = [source]
     by_role = {"dataset": source}
     if augment is not None:

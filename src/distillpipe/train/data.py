@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from distillpipe.data.collate import TrainDataError
+from distillpipe.data.masking import MaskingSpec, fresh_views
 from distillpipe.data.schema import read_meta
 from distillpipe.pooling import n_groups
 from distillpipe.store import constants as store_constants
@@ -75,9 +76,11 @@ class Source:
 
     def __init__(self, name: str, tokens_dir: str | Path, teacher: str | Path | LiveTeacher, names: Sequence[str], *,
                  batch_size: int, seed: int, block_rows: int, buffer_blocks: int, streams: int,
-                 num_workers: int = 0, rank: int = 0, world: int = 1):
+                 num_workers: int = 0, rank: int = 0, world: int = 1, fresh_masks: bool = False):
         """``batch_size`` is the global batch; this process (``rank`` of ``world``) gets its streams' part of it,
-        read by ``num_workers`` DataLoader workers (see :mod:`distillpipe.store.loader`)."""
+        read by ``num_workers`` DataLoader workers (see :mod:`distillpipe.store.loader`). ``fresh_masks`` (MLM rows,
+        a live teacher): each epoch masks every block anew (:func:`~distillpipe.data.masking.fresh_views`), and the
+        teacher scores the masks the student sees."""
         from datasets import load_from_disk
 
         tokens_dir = Path(tokens_dir)
@@ -116,6 +119,11 @@ class Source:
         except ValueError as e:  # sizes that do not fit together: the message names the params to change
             raise TrainDataError(f"{name}: {e}") from None
         self.columns = _columns(self.info.kind, self.rows.column_names)
+        self.views: tuple[MaskingSpec, int] | None = None
+        """With fresh masks: the tokenize stage's masking and its static views per block."""
+        if fresh_masks:
+            self.views = self._masking(tokens_dir, meta)
+            self.columns += ["block_id", "view"]
         self._cols = self.rows.select_columns(self.columns)
         if self.live is not None:
             self.constants = self.live.constants
@@ -154,9 +162,32 @@ class Source:
                 targets[EMBEDDINGS] = c.embeddings(batch["input_ids"], batch["token_type_ids"],
                                                    batch["attention_mask"])
 
+    def _masking(self, tokens_dir: Path, meta: dict) -> tuple[MaskingSpec, int]:
+        """The masking the tokenize stage applied to these rows (its params, recorded in the tokens' meta, and the
+        tokenizer's special tokens), to draw new views with; refused where fresh masks cannot be right."""
+        if self.live is None:
+            raise TrainDataError(f"{self.info.name}: fresh MLM masks need the teacher live (a run's teacher: "
+                                 "models/teacher/<name>): a cache holds the teacher's outputs at the static masks only")
+        p = meta.get("params") or {}
+        if self.info.kind != "mlm" or not {"block_id", "view"} <= set(self.rows.column_names) or "mask_prob" not in p:
+            raise TrainDataError(f"{tokens_dir} is not an MLM corpus of the tokenize stage (kind {self.info.kind}): "
+                                 "fresh masks re-mask its blocks; set mlm_views: static")
+        from distillpipe.assets import load_tokenizer
+
+        tok, _ = load_tokenizer(str(self.live.teacher_dir))  # the tokens' tokenizer (live_teacher checked its digest)
+        spec = MaskingSpec.build(mask_prob=p["mask_prob"], mask_token_fraction=p["mask_token_fraction"],
+                                 random_token_fraction=p["random_token_fraction"], seed=p["seed"],
+                                 mask_id=int(meta["tokenizer"]["mask_id"]), special_ids=tok.all_special_ids,
+                                 vocab_size=len(tok))
+        return spec, int(p["mask_views"])
+
     def batches(self) -> Iterator[tuple[dict, dict]]:
         for row_index, arrays in self.loader:
-            yield self._cols[row_index.tolist()], arrays
+            rows = self._cols[row_index.tolist()]
+            if self.views is not None:  # this epoch's masks (epoch 0: the static ones)
+                spec, views = self.views
+                rows = fresh_views(rows, spec, "train", views, self.loader.epoch)
+            yield rows, arrays
 
 
 def _columns(kind: str, available: Sequence[str]) -> list[str]:
