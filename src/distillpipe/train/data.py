@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distillpipe.assets import load_tokenizer
 from distillpipe.data.collate import TrainDataError
 from distillpipe.data.masking import MaskingSpec, fresh_views
 from distillpipe.data.schema import read_meta
@@ -172,8 +173,6 @@ class Source:
         if self.info.kind != "mlm" or not {"block_id", "view"} <= set(self.rows.column_names) or "mask_prob" not in p:
             raise TrainDataError(f"{tokens_dir} is not an MLM corpus of the tokenize stage (kind {self.info.kind}): "
                                  "fresh masks re-mask its blocks; set mlm_views: static")
-        from distillpipe.assets import load_tokenizer
-
         tok, _ = load_tokenizer(str(self.live.teacher_dir))  # the tokens' tokenizer (live_teacher checked its digest)
         spec = MaskingSpec.build(mask_prob=p["mask_prob"], mask_token_fraction=p["mask_token_fraction"],
                                  random_token_fraction=p["random_token_fraction"], seed=p["seed"],
