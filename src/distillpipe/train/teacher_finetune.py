@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
+from distillpipe.assets import tokenizer_files, tokenizer_sha256, weights_sha256
 from distillpipe.checkpoints import Checkpointer, resume_or_restart
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
@@ -256,9 +256,8 @@ def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any], predict
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     # Copy the tokenizer files verbatim (not re-saved): their sha256 must stay the one tokenize recorded.
-    for name in TOKENIZER_FILES:
-        if (base_dir / name).is_file():
-            shutil.copy2(base_dir / name, tmp / name)
+    for name in tokenizer_files(base_dir):  # SentencePiece models too: a DeBERTa-v3 folder has spm.model only
+        shutil.copy2(base_dir / name, tmp / name)
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     (tmp / PREDICTIONS_FILE).write_text(json.dumps(predictions, sort_keys=True) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
