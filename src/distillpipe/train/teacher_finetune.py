@@ -35,6 +35,7 @@ from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_t
 from distillpipe.identity import json_sha256, stage_code
 from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.teacher.arch import model_inputs
 from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
 from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss
 from distillpipe.tracking import teacher_summary, write_live
@@ -204,7 +205,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
                 inputs = {k: v.to(dev_device) for k, v in collate_tokens(rows, pad_id).items()}
                 labels = {k: v.to(dev_device) for k, v in _labels(task_type, rows, cfg.regression_bin_width).items()}
                 with autocast(dev_device):
-                    loss = model(**inputs, **labels).loss
+                    loss = model(**model_inputs(model, inputs), **labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.max_grad_norm)
             optimizer.step()
