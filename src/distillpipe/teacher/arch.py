@@ -286,3 +286,27 @@ def normalized_config(config: Mapping[str, Any]) -> dict[str, Any]:
             out[bert] = out[other]
     out.setdefault("type_vocab_size", 0)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a params file against a teacher's config: before any fine-tuning
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def teacher_signals(params: Mapping[str, Any], teacher: str) -> dict[str, list[str]]:
+    """``teacher_cache.datasets.<name>`` -> the signal kinds it asks for, for each dataset of the params file's
+    ``params`` (as YAML loads it: teacher_import reads no other stage's config classes) whose teacher is ``teacher``
+    (an imported model's name) or, for ``base`` (the model teacher_finetune starts from), a teacher fine-tuned from
+    it (a key of ``teacher_finetune.tasks``): they all have ``teacher``'s architecture."""
+    derived = set((params.get("teacher_finetune") or {}).get("tasks") or ()) if teacher == "base" else set()
+    datasets = (params.get("teacher_cache") or {}).get("datasets") or {}
+    keys = ("logits", "mlm_topk", "hidden_layers", "attn_layers", "attn_probs", "embeddings")
+    return {f"teacher_cache.datasets.{name}": requested(**{k: (d.get("signals") or {}).get(k) for k in keys})
+            for name, d in datasets.items() if d.get("teacher") == teacher or d.get("teacher") in derived}
+
+
+def check_teacher_signals(config: Any, asked: Mapping[str, list[str]]) -> None:
+    """Raise :class:`ArchitectureError` with one line for the first dataset (of :func:`teacher_signals`) asking a
+    teacher of ``config`` for a signal it cannot give."""
+    for where, signals in asked.items():
+        check_signals(config, signals, where)

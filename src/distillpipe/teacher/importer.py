@@ -8,12 +8,20 @@ import json
 import shutil
 from pathlib import Path
 
-from distillpipe.assets import hub_allow_patterns, hub_revision, resolve_model, weights_sha256
+from distillpipe.assets import AssetError, hub_allow_patterns, hub_revision, resolve_model, weights_sha256
+from distillpipe.teacher.arch import check_teacher_signals
 
 
-def import_teacher(spec: str, out_dir: str | Path) -> str:
-    """Copy the model files of ``spec`` into ``out_dir``; return a one-line summary."""
+def import_teacher(spec: str, out_dir: str | Path, asked: dict[str, list[str]] | None = None) -> str:
+    """Copy the model files of ``spec`` into ``out_dir``; return a one-line summary. ``asked``: the signal kinds each
+    teacher_cache dataset of this teacher asks for (:func:`~distillpipe.teacher.arch.teacher_signals`), refused
+    from the model's config before anything is copied, so no fine-tuning runs for a cache that cannot be built."""
     src = resolve_model(spec)
+    if asked:
+        if not (src / "config.json").is_file():
+            raise AssetError(f"{spec} ({src}) has no config.json: its architecture, hence the signals it can give, "
+                             "is unknown")
+        check_teacher_signals(json.loads((src / "config.json").read_text(encoding="utf-8")), asked)
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
