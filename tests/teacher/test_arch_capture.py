@@ -134,3 +134,53 @@ def test_a_signal_the_architecture_cannot_give_is_refused_in_one_line(family, si
 
 def test_an_unknown_architecture_is_refused_naming_it():
     assert "'gpt2'" in refusal({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, ["hidden"], "plan")
+
+
+@pytest.mark.parametrize("family", EVERY)
+def test_an_mlm_head_is_added_to_a_headless_checkpoint_and_only_it_trains(family, tmp_path):
+    from _tiny import make_mlm_tokens
+    from datasets import load_from_disk
+
+    from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss
+
+    folder = tmp_path / "base"
+    model(family).save_pretrained(folder)  # the encoder alone (AutoModel): no MLM head
+    (folder / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(100)) + "\n")  # tokens_meta digests it
+    rows = load_from_disk(str(make_mlm_tokens(tmp_path / "tokens", folder, n_rows=32, repeat=True)))["train"][:32]
+    torch.manual_seed(0)
+    mlm, is_new = build_mlm_model(folder)
+    assert is_new
+    frozen = {k: v.clone() for k, v in mlm.base_model.state_dict().items()}
+    trainable = [p for p in mlm.parameters() if p.requires_grad]
+    assert trainable and all(not p.requires_grad for p in mlm.base_model.parameters())
+    opt = torch.optim.Adam(trainable, lr=1e-2)
+    pad = 1 if family == "roberta" else 0
+    losses = []
+    for _ in range(15):
+        loss = mlm_loss(mlm.train(), rows, pad, torch.device("cpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0] - 0.1, losses  # the head trains: the loss falls with the encoder frozen
+    for k, v in mlm.base_model.state_dict().items():
+        assert torch.equal(v, frozen[k]), f"{k} changed: the encoder must stay frozen"
+
+
+def test_mlm_head_of_an_unknown_architecture_is_refused_naming_it():
+    class Other(torch.nn.Module):
+        config = type("C", (), {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})()
+
+    with pytest.raises(ArchitectureError, match="'gpt2'"):
+        mlm_logits(Other(), torch.zeros(1, 4))
+
+
+def test_deberta_with_a_convolution_hidden_states_equal_output_hidden_states():
+    m = tiny_model("deberta_v2", conv_kernel_size=3, conv_act="gelu")  # layer 1's output goes through encoder.conv
+    assert m.encoder.conv is not None
+    batch = batch_for("deberta_v2")
+    out = capture_batch(m, batch, spec_for(m, hidden_layers=(1, 2)))
+    ref = eager(m, batch)
+    real = batch["attention_mask"].bool()
+    for j in (1, 2):
+        torch.testing.assert_close(out[f"hidden/L{j}"].float()[real], ref.hidden_states[j][real], **F16)
