@@ -105,9 +105,6 @@ _DEBERTA_ATTN = ("disentangled attention (c2c + c2p + p2c relative-position term
                  "#pos_att_type)), computed inside DisentangledSelfAttention) is not Q K^T of its projections")
 _MODERNBERT_ATTN = ("its scores are taken after rotary encoding of Q and K (fused Wqkv) and 2 of 3 layers attend in a "
                     "local window, which Q K^T of the projections does not reproduce")
-_NO_POSITION_TABLE = ("its embedding output has no absolute-position table, which the derived embedding layer "
-                      "(LayerNorm(word + position + token type)) needs; hidden_layers [0] is the embedding output as "
-                      "the encoder sees it")
 
 ARCHS: dict[str, Arch] = {
     "bert": Arch("BERT", "encoder.layer", ("attention.self", "query", "key"), True, _BERT_TABLES, _bert_head),
@@ -115,12 +112,14 @@ ARCHS: dict[str, Arch] = {
     "electra": Arch("ELECTRA", "encoder.layer", ("attention.self", "query", "key"), True, _BERT_TABLES, _electra_head),
     "distilbert": Arch("DistilBERT", "transformer.layer", ("attention", "q_lin", "k_lin"), False,
                        ("word_embeddings", "position_embeddings", None, "LayerNorm"), _distilbert_head),
-    "deberta-v2": Arch("DeBERTa-v2/v3", "encoder.layer", None, True, None, _deberta_head, kernel="eager",
-                       refused={"attn_scores": _DEBERTA_ATTN, "attn_probs": _DEBERTA_ATTN,
-                                "embeddings": _NO_POSITION_TABLE}),
-    "modernbert": Arch("ModernBERT", "layers", None, False, None, _modernbert_head, final_norm="final_norm",
-                       refused={"attn_scores": _MODERNBERT_ATTN, "attn_probs": _MODERNBERT_ATTN,
-                                "embeddings": _NO_POSITION_TABLE}),
+    # DeBERTa-v3: no position table (position_biased_input false) and no token types (type_vocab_size 0); the
+    # output is multiplied by the attention mask, which the derived layer's 0 at padding is
+    "deberta-v2": Arch("DeBERTa-v2/v3", "encoder.layer", None, True, _BERT_TABLES, _deberta_head, kernel="eager",
+                       refused={"attn_scores": _DEBERTA_ATTN, "attn_probs": _DEBERTA_ATTN}),
+    # ModernBertEmbeddings: norm(tok_embeddings(ids)), positions only by rotary encoding inside attention
+    "modernbert": Arch("ModernBERT", "layers", None, False, ("tok_embeddings", None, None, "norm"), _modernbert_head,
+                       final_norm="final_norm", refused={"attn_scores": _MODERNBERT_ATTN,
+                                                         "attn_probs": _MODERNBERT_ATTN}),
 }
 
 
@@ -260,16 +259,21 @@ def mlm_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def embedding_tables(model: nn.Module) -> dict[str, nn.Parameter | torch.Tensor]:
     """The (word, position, token_type) tables and LayerNorm (``norm_weight``, ``norm_bias``) of the embedding
-    module, an absent token-type table as zeros (DistilBERT: the output then has no type term), and ``eps``."""
+    module; an absent table as zeros, so its term is 0 as in the model (DistilBERT and ModernBERT have no token
+    types, DeBERTa-v3 neither, DeBERTa-v3 and ModernBERT no position table: ``max_position_embeddings`` zero rows,
+    which a Zarr store keeps as no chunk at all)."""
     arch = arch_of(model.config)
     why = refusals(model.config).get("embeddings")
     if why is not None or arch.tables is None:
         raise ArchitectureError(f"a {arch.name} teacher cannot give embeddings: {why}")
     emb = model.base_model.embeddings
     word, position, token_type, norm_name = arch.tables
-    tables = {"word": getattr(emb, word).weight, "position": getattr(emb, position).weight}
-    tables["token_type"] = (getattr(emb, token_type).weight if token_type
-                            else torch.zeros(2, tables["word"].shape[1], device=tables["word"].device))
+    w = getattr(emb, word).weight
+    pos = getattr(emb, position, None) if position else None
+    types = getattr(emb, token_type, None) if token_type else None
+    tables = {"word": w, "position": pos.weight if pos is not None else
+              torch.zeros(int(_get(model.config, "max_position_embeddings")), w.shape[1], device=w.device),
+              "token_type": types.weight if types is not None else torch.zeros(2, w.shape[1], device=w.device)}
     norm = getattr(emb, norm_name)
     tables["norm_weight"] = norm.weight
     tables["norm_bias"] = norm.bias if norm.bias is not None else torch.zeros_like(norm.weight)
