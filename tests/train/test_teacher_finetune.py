@@ -144,3 +144,34 @@ def test_qa_test_scores_use_the_dev_threshold(tmp_path):
     assert recorded["test"]["tuned_threshold"] == recorded["tuned_threshold"] == s.metrics["tuned_threshold"]
     live = json.loads((tmp_path / "live" / "metrics.json").read_text())
     assert live == {"dev": recorded["f1"], "test": recorded["test"]["f1"], "metric": "f1", "step": s.steps}
+
+
+def test_the_learning_rate_is_selected_on_dev_and_a_finished_rate_is_not_rerun(toy, tmp_path, caplog):
+    """BERT's recipe (Devlin et al. sec. 4.1): the rate with the best dev score is kept; the kept model is the run at
+    that rate, bit for bit; a rate finished before a kill is not trained again."""
+    import logging
+
+    base, tokens = toy
+    kw = dict(epochs=3, max_train_rows=200)
+    single = build(TeacherFinetuneTaskConfig, finetune_params(**kw), "t")  # lr 2e-3: learns (> 0.9 above)
+    ckpt = tmp_path / "ckpt"
+    # as if the selection was killed after its first rate: that rate's run is complete in its folder
+    first = finetune_teacher("toy", base, tokens, tokens, single, "cpu", ckpt / "lr-0.002" / "model",
+                             ckpt / "lr-0.002" / "ckpt", ckpt / "lr-0.002" / "live")
+    reference = load_file(ckpt / "lr-0.002" / "model" / "model.safetensors")
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(lr_grid=[1e-6], **kw), "t")  # 1e-6: barely moves
+    with caplog.at_level(logging.INFO, logger="distillpipe.train.teacher_finetune"):
+        s = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out", ckpt, tmp_path / "live")
+    assert "lr 0.002 already fine-tuned" in caplog.text and s.steps == first.steps
+    sel = json.loads((tmp_path / "out" / "metrics.json").read_text())["lr_selection"]
+    assert sel["metric"] == "accuracy" and sel["chosen"] == 2e-3 and set(sel["dev"]) == {"0.002", "1e-06"}
+    assert sel["dev"]["0.002"] == first.metrics["accuracy"] > sel["dev"]["1e-06"]
+    assert sel["margin"] == pytest.approx(sel["dev"]["0.002"] - sel["dev"]["1e-06"])
+    assert s.chosen.startswith(f"lr 0.002 chosen on dev accuracy {first.metrics['accuracy']:.4f}")
+    assert s.chosen in s.one_line()
+    kept = load_file(tmp_path / "out" / "model.safetensors")
+    assert kept.keys() == reference.keys() and all(torch.equal(kept[k], reference[k]) for k in kept)
+    assert json.loads((tmp_path / "live" / "metrics.json").read_text())["dev"] == first.metrics["accuracy"]
+    assert not list(ckpt.glob("lr-*")), "the candidates are removed once the winner is saved"
+    with pytest.raises(Exception, match="lr_grid"):
+        build(TeacherFinetuneTaskConfig, finetune_params(lr_grid=[2e-3]), "t")  # lr itself again
