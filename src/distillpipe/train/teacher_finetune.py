@@ -139,14 +139,24 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
     runs: dict[float, FinetuneSummary | None] = {}
     for rate in [cfg.lr, *cfg.lr_grid]:
         sub = ckpt_dir / f"lr-{rate:g}"
-        if (sub / "model" / METRICS_FILE).is_file():  # finished before a kill: its dev score is in its metrics
+        one = dataclasses.replace(cfg, lr=rate, lr_grid=None)
+        # a finished rate is reused only when it was trained as this one would be (params, tokens, base, code, device)
+        run_id = json_sha256({"cfg": dataclasses.asdict(one), "tokens": read_meta(tokens_dir)["fingerprint"],
+                              "base": weights_sha256(base_dir), "task": task, "code": stage_code(CODE_STAGE),
+                              "device": resolve_device(device).type})
+        done = sub / "done.json"
+        if done.is_file() and json.loads(done.read_text()).get("run_id") == run_id:  # finished before a kill
             scores[rate] = float(json.loads((sub / "model" / METRICS_FILE).read_text())[headline])
             runs[rate] = None
             log.info("teacher_finetune %s: lr %g already fine-tuned (dev %s %.4f)", task, rate, headline, scores[rate])
             continue
-        one = dataclasses.replace(cfg, lr=rate, lr_grid=None)
+        if done.is_file():
+            log.info("teacher_finetune %s: lr %g was fine-tuned with other params, tokens, base or code: again",
+                     task, rate)
+            shutil.rmtree(sub)
         runs[rate] = _finetune_one(task, base_dir, tokens_dir, prepared_dir, one, device, sub / "model", sub / "ckpt",
                                    sub / "live")
+        done.write_text(json.dumps({"run_id": run_id}) + "\n")
         scores[rate] = float(runs[rate].metrics.get(headline, math.nan))
     ranked = sorted(scores, key=lambda r: -scores[r] if not math.isnan(scores[r]) else math.inf)
     best = ranked[0]
