@@ -264,9 +264,10 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
             lines.append(f"  teacher_finetune.tasks.{name}: copied as it is, not measured: {e}")
         if teacher_rates is not None:
             sized = _sized(size_teacher, task, train_rows, dev_rows, teacher_rates, budget_s)
+            grid = ", ".join(f"{r:g}" for r in task.get("lr_grid") or ())
             recipe = (f"{task['epochs']} epochs of all {train_rows:,} rows (at least BERT's epochs) at the copied lr "
-                      f"{task['lr']:g}, batch {task['batch_size']} (tuned for the embedded MiniLM-L6: a BERT-size "
-                      "teacher wants 2e-5..5e-5)")
+                      f"{task['lr']:g}" + (f" and BERT's {grid}, the best on dev kept" if grid else "")
+                      + f", batch {task['batch_size']}")
             task.update(sized.changes)
             total += sized.seconds
             lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step", recipe))
