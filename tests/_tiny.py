@@ -191,7 +191,7 @@ def make_classification_store(root: Path) -> dict:
 
 
 def finetune_params(**over) -> dict:
-    cfg = {"epochs": 3, "batch_size": 8, "lr": 2e-3, "weight_decay": 0.0, "warmup_fraction": 0.0,
+    cfg = {"epochs": 3, "batch_size": 8, "lr": 2e-3, "lr_grid": None, "weight_decay": 0.0, "warmup_fraction": 0.0,
            "max_grad_norm": 1.0, "max_train_rows": None, "regression_bin_width": None,
            "checkpoint_minutes": 10, "seed": 0}
     cfg.update(over)

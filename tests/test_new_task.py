@@ -163,6 +163,10 @@ def test_sizing_arithmetic():
     cut = size_teacher(task, 60_000, 100, teacher, 1800)
     assert cut.changes == {"epochs": 1, "max_train_rows": int((1800 - 100 / 160) * 16)}
     assert size_teacher(task, 100, 10, teacher, 1800).changes == {}
+    grid = {**task, "lr_grid": [3e-5, 2e-5]}  # three fine-tunings share the budget
+    three = size_teacher(grid, 10_000, 100, teacher, 1800)
+    assert three.changes == {"epochs": 1, "max_train_rows": int((600 - 100 / 160) * 16)}
+    assert three.seconds == pytest.approx(3 * (three.changes["max_train_rows"] / 16 + 100 / 160))
 
 
 def test_new_task_sized_to_budget(tmp_path, monkeypatch):
@@ -223,14 +227,16 @@ def test_new_task_fits_the_papers_recipes_both_ways(tmp_path, monkeypatch):
         return task, {k: int(v.replace(",", "")) for k, v in rows.items()}, "\n".join(lines)
 
     task, rows, text = new_task(60)  # 3 epochs of ~2,400 rows at 16 rows/s: ~8 min, inside
-    assert {k: task[k] for k in ("epochs", "max_train_rows", "lr", "batch_size")} == {
-        "epochs": 3, "max_train_rows": None, "lr": 1e-3, "batch_size": 8}
+    assert {k: task[k] for k in ("epochs", "max_train_rows", "lr", "lr_grid", "batch_size")} == {
+        "epochs": 3, "max_train_rows": None, "lr": 1e-3, "lr_grid": [5e-5, 3e-5, 2e-5], "batch_size": 8}
     assert f"recipe 3 epochs of all {rows['train']:,} rows" in text and "chose the whole recipe" in text
+    assert "at the copied lr 0.001 and BERT's 5e-05, 3e-05, 2e-05, the best on dev kept" in text
+    assert "at each of 4 learning rates" in text
     assert "keeps the teacher short" not in text
 
-    task, rows, text = new_task(0.5)  # 30 s: one epoch, and only the rows that fit beside a dev pass
+    task, rows, text = new_task(0.5)  # 30 s for 4 rates: one epoch, and only the rows that fit beside a dev pass
     dev_s = rows["dev"] / (8 / 0.05)
-    assert task["epochs"] == 1 and task["max_train_rows"] == int((30 - dev_s) * 8 / 0.5) < rows["train"]
+    assert task["epochs"] == 1 and task["max_train_rows"] == int((30 / 4 - dev_s) * 8 / 0.5) < rows["train"]
     assert "the budget keeps the teacher short of its recipe" in text and "would fit the recipe" in text
 
 

@@ -72,13 +72,19 @@ def resolve_model(spec: str) -> Path:
     return _hub_snapshot(spec)
 
 
+def hub_allow_patterns() -> list[str]:
+    """``snapshot_download``'s allow list: the model files loading needs and every tokenizer file."""
+    return [*MODEL_FILE_PATTERNS, *TOKENIZER_FILES, *TOKENIZER_PATTERNS]
+
+
 def _hub_snapshot(spec: str) -> Path:
     from huggingface_hub import snapshot_download
 
     name, _, revision = spec.partition("@")
     revision = revision or None
+    allow = hub_allow_patterns()
     try:  # already in the local hub cache: no network needed
-        path = Path(snapshot_download(name, revision=revision, local_files_only=True))
+        path = Path(snapshot_download(name, revision=revision, local_files_only=True, allow_patterns=allow))
     except Exception:
         reason = hub_offline_reason()
         if reason is not None:
@@ -87,12 +93,24 @@ def _hub_snapshot(spec: str) -> Path:
                 f"Download it on a connected machine (`huggingface-cli download {name} --local-dir DIR`), copy DIR "
                 "here and put its path in params.yaml instead of the hub name."
             ) from None
-        path = Path(snapshot_download(name, revision=revision))
+        path = Path(snapshot_download(name, revision=revision, allow_patterns=_online_patterns(name, revision)))
     resolved = hub_revision(path)
     if revision is None or revision != resolved:
         log.warning("model %s resolved to hub commit %s; pin it (%s@%s in params.yaml) so that a moved hub "
                     "revision changes your params instead of slipping in unnoticed", spec, resolved, name, resolved)
     return path
+
+
+def _online_patterns(name: str, revision: str | None) -> list[str]:
+    """:func:`hub_allow_patterns`, without the PyTorch ``.bin`` weights when the repository has safetensors (the same
+    weights twice; transformers loads the safetensors)."""
+    from huggingface_hub import HfApi
+
+    files = [s.rfilename for s in HfApi().model_info(name, revision=revision).siblings or ()]
+    allow = hub_allow_patterns()
+    if any(f.endswith(".safetensors") for f in files):
+        allow = [pattern for pattern in allow if "pytorch_model" not in pattern]
+    return allow
 
 
 def hub_revision(path: str | Path) -> str | None:
@@ -101,14 +119,34 @@ def hub_revision(path: str | Path) -> str | None:
     return path.name if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name) else None
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-                   "spiece.model", "merges.txt", "vocab.json", "added_tokens.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt",  # WordPiece: BERT, ELECTRA, DistilBERT
+                   "vocab.json", "merges.txt",  # byte-level BPE: RoBERTa
+                   "spm.model",  # SentencePiece: DeBERTa-v2/v3 (the hub's folders have no tokenizer.json)
+                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.model")  # T5/ALBERT, XLM-R, Llama
+"""Every file that decides how a model folder tokenizes: what import, fine-tune and export carry and what
+:func:`tokenizer_sha256` covers. A SentencePiece model of any other name (``*.model``) counts too
+(:func:`tokenizer_files`): without it AutoTokenizer silently loads a few special tokens as the whole vocabulary."""
+
+TOKENIZER_PATTERNS = ("*.model",)
+MODEL_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                       "pytorch_model*.bin", "pytorch_model.bin.index.json")
+"""What loading a model needs besides its tokenizer (``snapshot_download``'s allow list): not the TF, Flax, ONNX or
+CoreML copies of the weights a hub repository also holds."""
+
+
+def tokenizer_files(model_dir: str | Path) -> list[str]:
+    """Names of the tokenizer files in ``model_dir`` (:data:`TOKENIZER_FILES` and any ``*.model``), sorted."""
+    model_dir = Path(model_dir)
+    names = {f for f in TOKENIZER_FILES if (model_dir / f).is_file()}
+    names |= {p.name for pattern in TOKENIZER_PATTERNS for p in model_dir.glob(pattern) if p.is_file()}
+    return sorted(names)
 
 
 def tokenizer_sha256(model_dir: str | Path) -> str:
-    """Digest of the files that decide tokenization (not the weights)."""
+    """Digest of the files that decide tokenization (:func:`tokenizer_files`; not the weights)."""
     model_dir = Path(model_dir)
-    files = [model_dir / f for f in TOKENIZER_FILES if (model_dir / f).is_file()]
+    files = [model_dir / f for f in tokenizer_files(model_dir)]
     if not files:
         raise AssetError(f"{model_dir} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     return sha256_files(files, root=model_dir)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import math
 import os
 from pathlib import Path
@@ -47,6 +48,7 @@ from distillpipe.data.sources import build_source
 from distillpipe.errors import UserError
 from distillpipe.runtime import resolve_device
 from distillpipe.students.base import TaskSpec
+from distillpipe.teacher.arch import check_signals, config_signals
 from distillpipe.train.recipes import student_recipe, teacher_recipe
 from distillpipe.train.sizing import (
     Rates,
@@ -172,6 +174,7 @@ def add_task(path: Path, name: str, like: str, local: dict[str, Any], *, lengths
     plan = plan_task(params, name, like, local, lengths, elmo)
     text = _with(original, plan)
     built = _built(text, path)  # a bad argument fails here, before the file is written
+    _check_signals(built, name, path.parent)
     if budget_minutes:
         lines = size_task(plan, built, params, name, budget_minutes * 60, root=path.parent)
         text = _with(original, plan)
@@ -261,9 +264,10 @@ def size_task(plan: list[tuple[str, str | None, Any]], built: dict, params: dict
             lines.append(f"  teacher_finetune.tasks.{name}: copied as it is, not measured: {e}")
         if teacher_rates is not None:
             sized = _sized(size_teacher, task, train_rows, dev_rows, teacher_rates, budget_s)
+            grid = ", ".join(f"{r:g}" for r in task.get("lr_grid") or ())
             recipe = (f"{task['epochs']} epochs of all {train_rows:,} rows (at least BERT's epochs) at the copied lr "
-                      f"{task['lr']:g}, batch {task['batch_size']} (tuned for the embedded MiniLM-L6: a BERT-size "
-                      "teacher wants 2e-5..5e-5)")
+                      f"{task['lr']:g}" + (f" and BERT's {grid}, the best on dev kept" if grid else "")
+                      + f", batch {task['batch_size']}")
             task.update(sized.changes)
             total += sized.seconds
             lines.append(_line(f"teacher_finetune.tasks.{name}", sized, teacher_rates, "step", recipe))
@@ -342,6 +346,21 @@ def _sized(fn, *args):
         return fn(*args)
     except ValueError as e:
         raise ConfigError(f"--budget: {e}; give more minutes") from None
+
+
+def _check_signals(built: dict, name: str, root: Path) -> None:
+    """Refuse the new dataset's teacher_cache signals when the base teacher's architecture cannot give them
+    (:mod:`distillpipe.teacher.arch`), before anything is written or fine-tuned. A hub teacher not imported yet is
+    checked by teacher_import instead (its config is not downloaded for this)."""
+    entry = built["teacher_cache"].datasets.get(name)
+    if entry is None:
+        return
+    try:
+        base = _teacher_base(built, root)
+    except ConfigError:
+        return
+    config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    check_signals(config, config_signals(entry.signals), f"teacher_cache.datasets.{name}")
 
 
 def _teacher_base(built: dict, root: Path) -> Path:

@@ -152,14 +152,17 @@ def test_only_selected_layers_are_captured(tiny_teachers, batch, monkeypatch):
     computed = []
     real = capture_mod._attention_scores
 
-    def counting(q, k, attn):
-        computed.append(attn)
-        return real(q, k, attn)
+    def counting(q, k, n_heads):
+        computed.append(q)
+        return real(q, k, n_heads)
 
     monkeypatch.setattr(capture_mod, "_attention_scores", counting)
     ran = []
     layers = model.encoder.layer
     spy = [layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i + 1)) for i, layer in enumerate(layers)]
+    queries = {}  # each layer's query projection output, to tell which layer a Q K^T was computed for
+    spy += [layer.attention.self.query.register_forward_hook(lambda m, a, o, i=i: queries.__setitem__(i + 1, o))
+            for i, layer in enumerate(layers)]
     try:
         out = capture_batch(model, batch, spec_for(model, hidden_layers=(1,), attn_layers=(2,), attn_probs_layers=(2,),
                                                    pool=2))
@@ -167,7 +170,7 @@ def test_only_selected_layers_are_captured(tiny_teachers, batch, monkeypatch):
         for h in spy:
             h.remove()
     assert set(out) == {"hidden/L1", "attn_scores/L2", "attn_probs/L2", "length"}
-    assert computed == [layers[1].attention.self]  # one QK^T, layer 2 only
+    assert len(computed) == 1 and computed[0] is queries[2]  # one QK^T, layer 2 only
     assert ran == [1, 2]  # nothing after the deepest selected layer runs
     assert hook_counts(model) == hooks_before  # capture hooks are gone
 

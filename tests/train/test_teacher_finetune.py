@@ -21,7 +21,7 @@ from _tiny import (
 )
 from safetensors.torch import load_file
 
-from distillpipe.assets import tokenizer_sha256
+from distillpipe.assets import tokenizer_sha256, weights_sha256
 from distillpipe.config.base import build
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.train.teacher_finetune import FinetuneError, finetune_teacher
@@ -144,3 +144,63 @@ def test_qa_test_scores_use_the_dev_threshold(tmp_path):
     assert recorded["test"]["tuned_threshold"] == recorded["tuned_threshold"] == s.metrics["tuned_threshold"]
     live = json.loads((tmp_path / "live" / "metrics.json").read_text())
     assert live == {"dev": recorded["f1"], "test": recorded["test"]["f1"], "metric": "f1", "step": s.steps}
+
+
+def test_the_learning_rate_is_selected_on_dev_and_a_finished_rate_is_not_rerun(toy, tmp_path, caplog):
+    """BERT's recipe (Devlin et al. sec. 4.1): the rate with the best dev score is kept; the kept model is the run at
+    that rate, bit for bit; a rate finished before a kill is not trained again."""
+    import logging
+
+    base, tokens = toy
+    kw = dict(epochs=3, max_train_rows=200)
+    single = build(TeacherFinetuneTaskConfig, finetune_params(**kw), "t")  # lr 2e-3: learns (> 0.9 above)
+    ckpt = tmp_path / "ckpt"
+    cfg = build(TeacherFinetuneTaskConfig, finetune_params(lr_grid=[1e-6], **kw), "t")  # 1e-6: barely moves
+    # as if the selection was killed after its first rate: a grid of that rate alone leaves it finished, and
+    # a selection that knows another grid, of other epochs, does not reuse it
+    other = build(TeacherFinetuneTaskConfig, finetune_params(epochs=1, max_train_rows=200, lr_grid=[1e-6]), "t")
+    finetune_teacher("toy", base, tokens, tokens, other, "cpu", tmp_path / "o", ckpt, tmp_path / "ol")
+    first = finetune_teacher("toy", base, tokens, tokens, single, "cpu", tmp_path / "first", tmp_path / "fc",
+                             tmp_path / "fl")
+    reference = load_file(tmp_path / "first" / "model.safetensors")
+    with caplog.at_level(logging.INFO, logger="distillpipe.train.teacher_finetune"):
+        s = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out", ckpt, tmp_path / "live")
+    assert "already fine-tuned" not in caplog.text  # the epochs-1 candidates were removed with their selection
+    sel = json.loads((tmp_path / "out" / "metrics.json").read_text())["lr_selection"]
+    assert sel["metric"] == "accuracy" and sel["chosen"] == 2e-3 and set(sel["dev"]) == {"0.002", "1e-06"}
+    assert sel["dev"]["0.002"] == first.metrics["accuracy"] > sel["dev"]["1e-06"]
+    assert sel["margin"] == pytest.approx(sel["dev"]["0.002"] - sel["dev"]["1e-06"])
+    assert s.chosen.startswith(f"lr 0.002 chosen on dev accuracy {first.metrics['accuracy']:.4f}")
+    assert s.chosen in s.one_line()
+    kept = load_file(tmp_path / "out" / "model.safetensors")
+    assert kept.keys() == reference.keys() and all(torch.equal(kept[k], reference[k]) for k in kept)
+    assert json.loads((tmp_path / "live" / "metrics.json").read_text())["dev"] == first.metrics["accuracy"]
+    assert not list(ckpt.glob("lr-*")), "the candidates are removed once the winner is saved"
+    assert s.steps == first.steps
+
+    # killed after its first rate: that rate is finished in its folder, and is not trained again
+    import shutil
+
+    (ckpt / "lr-0.002").mkdir(parents=True)
+    shutil.copytree(tmp_path / "first", ckpt / "lr-0.002" / "model")
+    shutil.copytree(tmp_path / "fl", ckpt / "lr-0.002" / "live")
+    from distillpipe.identity import json_sha256, stage_code
+
+    run_id = json_sha256({"cfg": {**single.__dict__, "lr_grid": None}, "tokens": json.loads(
+        (tokens / "meta.json").read_text())["fingerprint"], "base": weights_sha256(base), "task": "toy",
+        "code": stage_code("teacher_finetune"), "device": "cpu"})
+    (ckpt / "lr-0.002" / "done.json").write_text(json.dumps({"run_id": run_id}))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="distillpipe.train.teacher_finetune"):
+        again = finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out2", ckpt, tmp_path / "l2")
+    assert "lr 0.002 already fine-tuned" in caplog.text and "lr 1e-06 already" not in caplog.text
+    assert again.metrics == first.metrics and again.chosen == s.chosen
+    (ckpt / "lr-0.002").mkdir(parents=True)  # the same, but trained with other params: trained again
+    shutil.copytree(tmp_path / "first", ckpt / "lr-0.002" / "model")
+    (ckpt / "lr-0.002" / "done.json").write_text(json.dumps({"run_id": "another"}))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="distillpipe.train.teacher_finetune"):
+        finetune_teacher("toy", base, tokens, tokens, cfg, "cpu", tmp_path / "out3", ckpt, tmp_path / "l3")
+    assert "lr 0.002 was fine-tuned with other params" in caplog.text
+    with pytest.raises(Exception, match="lr_grid"):
+        build(TeacherFinetuneTaskConfig, finetune_params(lr_grid=[2e-3]), "t")  # lr itself again

@@ -12,6 +12,10 @@ class TeacherFinetuneTaskConfig:
     epochs: int
     batch_size: int
     lr: float
+    lr_grid: list[float] | None
+    """More learning rates to fine-tune at besides ``lr``, each from the same base and seed; the one with the best
+    dev headline score is kept and the choice recorded (BERT's recipe: ``lr`` 5e-5, ``lr_grid`` [3e-5, 2e-5]).
+    null: ``lr`` only. Each rate costs one more fine-tuning."""
     weight_decay: float
     warmup_fraction: float
     """Fraction of the steps with linear LR warm-up; then linear decay to 0."""
@@ -32,6 +36,10 @@ class TeacherFinetuneTaskConfig:
             raise ConfigError("epochs and batch_size must be >= 1, checkpoint_minutes >= 0")
         if not 0 <= self.warmup_fraction < 1:
             raise ConfigError(f"warmup_fraction={self.warmup_fraction} must be in [0, 1)")
+        rates = [self.lr, *(self.lr_grid or ())]
+        if self.lr_grid is not None and (not self.lr_grid or len(set(rates)) != len(rates) or min(rates) <= 0):
+            raise ConfigError(f"lr_grid={self.lr_grid}: give other positive rates than lr={self.lr}, each once "
+                              "(or null to train at lr only)")
         if self.regression_bin_width is not None and self.regression_bin_width <= 0:
             raise ConfigError("regression_bin_width must be > 0 (or null)")
 

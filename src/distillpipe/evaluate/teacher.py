@@ -15,6 +15,7 @@ from torch import nn
 from distillpipe.data.batching import collate_tokens, length_batches
 from distillpipe.evaluate.scoring import Scored, example_ids, score_classification, score_qa
 from distillpipe.runtime import autocast
+from distillpipe.teacher.arch import model_inputs
 from distillpipe.teacher.mlm_head import COLUMNS, TOPK_MASS, masked_logits, mlm_batch
 
 METRICS_FILE = "metrics.json"
@@ -33,7 +34,7 @@ def predict(model, rows, pad_id: int, device: torch.device, batch_size: int) -> 
     for idx in order:
         inputs = {k: v.to(device) for k, v in collate_tokens(cols[idx.tolist()], pad_id).items()}
         with autocast(device):
-            out = model(**inputs)
+            out = model(**model_inputs(model, inputs))  # DistilBERT, ModernBERT: no token types
         parts = [out.start_logits, out.end_logits] if hasattr(out, "start_logits") else [out.logits]
         for i, t in enumerate(parts):
             t = t.float().cpu().numpy()  # (B, C) or (B, T)

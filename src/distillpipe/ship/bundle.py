@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256
+from distillpipe.assets import tokenizer_files, tokenizer_sha256
 from distillpipe.errors import UserError
 from distillpipe.identity import sha256_file
 from distillpipe.students import student_from_record
@@ -52,13 +52,13 @@ def write_weights(folder: Path, model: torch.nn.Module) -> dict[str, str]:
 
 
 def write_tokenizer(folder: Path, tokenizer_dir: Path, expected_sha256: str) -> list[str]:
-    """Copy the tokenizer's files (those that decide tokenization, :data:`TOKENIZER_FILES`) and check that they are
-    the ones the student's tokens were made with."""
+    """Copy the tokenizer's files (those that decide tokenization, :func:`~distillpipe.assets.tokenizer_files`) and
+    check that they are the ones the student's tokens were made with."""
     found = tokenizer_sha256(tokenizer_dir)
     if found != expected_sha256:
         raise BundleError(f"the tokenizer in {tokenizer_dir} (sha256 {found[:12]}...) is not the one the student's "
                           f"tokens were made with ({expected_sha256[:12]}...): point --tokenizer at that tokenizer")
-    names = [f for f in TOKENIZER_FILES if (tokenizer_dir / f).is_file()]
+    names = tokenizer_files(tokenizer_dir)
     for name in names:
         shutil.copyfile(tokenizer_dir / name, folder / name)
     return names

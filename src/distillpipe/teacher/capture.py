@@ -2,11 +2,18 @@
 
 Mechanism: forward hooks, installed for one call and removed after it.
 
-* ``hidden/L{j}``: a hook on encoder layer j's output (``base.encoder.layer[j-1]``), avg-pooled
-  on the spot (WaLDORf eq. 3); ``hidden/L0`` and ``embeddings`` hook the embedding module.
+Where each architecture keeps those modules, and which signals it cannot give, is :mod:`.arch`'s table: the same
+table ``teacher_import``, ``plan`` and ``new-task`` refuse a params file with.
+
+* ``hidden/L{j}``: a hook on encoder layer j's output (:func:`~.arch.hidden_module`: ``encoder.layer[j-1]``, or
+  DeBERTa's convolution after layer 1, ModernBERT's final norm after the last), avg-pooled on the spot (WaLDORf eq.
+  3); ``hidden/L0`` hooks the first layer's input (ELECTRA-small: after ``embeddings_project``), ``embeddings`` the
+  embedding module's output. Each is what ``output_hidden_states[j]`` holds.
   ``output_hidden_states`` is not used: it would keep every layer's (B, L, d) alive to the end.
-* ``attn_scores/L{j}``, ``attn_probs/L{j}``: hooks on the ``query`` and ``key`` projections of
-  layer j's self-attention only; once both fired, the scores ``Q K^T * scaling`` (the eager
+* ``attn_scores/L{j}``, ``attn_probs/L{j}``: hooks on the query and key projections of
+  layer j's self-attention only (BERT, RoBERTa, ELECTRA: ``query``/``key``; DistilBERT: ``q_lin``/``k_lin``; refused
+  for DeBERTa and ModernBERT, whose scores are not Q K^T of their projections: :mod:`.arch`); once both fired, the
+  scores ``Q K^T * scaling`` (the eager
   kernel's scores, before its additive mask) are recomputed from the hooked projections,
   max-pooled p x p (eq. 5) and cast, so one layer's (B, H, L, L) lives briefly and only for the
   selected layers. The hooks see projections, not the attention kernel, so they are independent
@@ -80,6 +87,17 @@ from distillpipe.store.schema import (
     hidden_array,
     signal_arrays,
 )
+from distillpipe.teacher.arch import (
+    Arch,
+    attention_projections,
+    check_signals,
+    embedding_tables,
+    encoder_layers,
+    hidden_module,
+    mlm_logits,
+    model_inputs,
+    spec_signals,
+)
 
 EMBEDDINGS_GROUP = f"{CONSTANTS}/{EMBEDDINGS}"
 
@@ -90,7 +108,6 @@ class _StopForward(Exception):
 
 _HEAD_SUFFIXES = (("ForMaskedLM", "mlm"), ("ForSequenceClassification", "classification"),
                   ("ForQuestionAnswering", "qa"))
-_MLM_HEAD_ATTRS = ("cls", "lm_head")  # BERT, RoBERTa
 
 
 def teacher_head(model: nn.Module) -> str:
@@ -104,30 +121,12 @@ def teacher_head(model: nn.Module) -> str:
     raise ValueError(f"cannot tell which head a {name} teacher has; load it with distillpipe.teacher.load_teacher")
 
 
-def _encoder_layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
-    base = model.base_model
-    layers = getattr(getattr(base, "encoder", None), "layer", None)
-    ok = layers is not None and all(
-        isinstance(getattr(getattr(getattr(layer, "attention", None), "self", None), proj, None), nn.Linear)
-        for layer in layers for proj in ("query", "key")
-    )
-    if not ok or not hasattr(base, "embeddings"):
-        raise ValueError(
-            f"signal capture supports BERT-architecture encoders (embeddings, encoder.layer[i].attention.self."
-            f"query/key); {type(model).__name__} does not have that structure"
-        )
-    pos_type = getattr(model.config, "position_embedding_type", "absolute")
-    if pos_type not in (None, "absolute"):
-        raise ValueError(f"position_embedding_type={pos_type!r}: relative-position scores are not captured; "
-                         "use a teacher with absolute position embeddings")
-    return base, layers
-
-
 def check_spec(model: nn.Module, spec: SignalSpec) -> None:
     """Raise ValueError when ``spec`` asks for something ``model`` cannot give, or describes another model
     (hidden size, heads, vocabulary, classes): a store's shapes must be this teacher's."""
     head = teacher_head(model)
     mc = model.config
+    check_signals(mc, spec_signals(spec), "teacher_cache")  # the signals this architecture cannot give (arch.py)
     n = mc.num_hidden_layers
     if not (spec.task != "none" or spec.mlm_topk or spec.hidden_layers or spec.attn_layers or spec.attn_probs_layers
             or spec.embedding_size):
@@ -164,29 +163,21 @@ def embedding_constants(model: nn.Module, pad_id: int) -> tuple[dict[str, np.nda
     BERT and ELECTRA count positions from 0, RoBERTa from ``pad_id + 1`` (its embedding module has a
     ``padding_idx``). Refused for an embedding module of another structure; the capture's check on every batch
     refuses any that computes something else."""
-    base, _ = _encoder_layers(model)
-    emb = base.embeddings
-    parts = {"word": "word_embeddings", "position": "position_embeddings", "token_type": "token_type_embeddings"}
-    if not all(isinstance(getattr(emb, a, None), nn.Embedding) for a in parts.values()) or not isinstance(
-            getattr(emb, "LayerNorm", None), nn.LayerNorm) or getattr(emb, "LayerNorm").weight is None:
-        raise ValueError(f"{type(emb).__name__}: the embedding output is derived from word, position and token-type "
-                         "tables and a LayerNorm, which this teacher's embedding module does not have; cache it "
-                         "without embeddings")
-    norm = emb.LayerNorm
-    tables = {name: getattr(emb, attr).weight for name, attr in parts.items()}
-    tables["norm_weight"] = norm.weight
-    tables["norm_bias"] = norm.bias if norm.bias is not None else torch.zeros_like(norm.weight)
+    emb = model.base_model.embeddings
+    tables = embedding_tables(model)  # DistilBERT: no token types, a zero table (arch.py)
+    norm = next(m for m in emb.children() if isinstance(m, nn.LayerNorm))
     arrays = {f"{EMBEDDINGS_GROUP}/{k}": v.detach().float().cpu().numpy().copy() for k, v in tables.items()}
     positions = "after_padding" if getattr(emb, "padding_idx", None) is not None else "absolute"
     pad = int(emb.padding_idx) if positions == "after_padding" else int(pad_id)
     return arrays, {"eps": float(norm.eps), "positions": positions, "pad_id": pad}
 
 
-def _attention_scores(q: torch.Tensor, k: torch.Tensor, attn: nn.Module) -> torch.Tensor:
-    """Pre-softmax scores of one self-attention module from its hooked projections (B, L, H*dh)."""
+def _attention_scores(q: torch.Tensor, k: torch.Tensor, H: int) -> torch.Tensor:
+    """Pre-softmax scores of one BERT-semantics self-attention from its hooked projections (B, L, H*dh): the eager
+    kernel's ``(Q K^T) * dh**-0.5`` (BertSelfAttention and DistilBertSelfAttention both set ``scaling`` so)."""
     B, L, _ = q.shape
-    H, dh = attn.num_attention_heads, attn.attention_head_size
-    scaling = getattr(attn, "scaling", dh ** -0.5)
+    dh = q.shape[-1] // H
+    scaling = dh ** -0.5
     # Scaling q (B, L, H*dh) rather than the scores (B, H, L, L) is L/dh times cheaper; it differs
     # from the eager kernel's (Q K^T) * scaling by float rounding only.
     q = (q * scaling).view(B, L, H, dh).transpose(1, 2)  # (B, H, L, dh)
@@ -223,28 +214,29 @@ def capture_batch(
         raise AssertionError("teacher must be in eval() mode: dropout would corrupt every cached signal")
     check_spec(model, spec)
     _check_constants(spec, constants)
-    base, layers = _encoder_layers(model)
+    base, layers, arch = encoder_layers(model)
     device = next(model.parameters()).device
     inputs = {k: batch[k].to(device, non_blocking=True) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    forward_inputs = model_inputs(model, inputs)  # DistilBERT and ModernBERT take no token types
     mask = inputs["attention_mask"].bool()  # (B, L)
     B, L = mask.shape
     p = spec.pool
     out: dict[str, torch.Tensor] = {}
-    handles = _install_hooks(base, layers, spec, inputs, out, constants)
+    handles = _install_hooks(base, layers, arch, int(model.config.num_attention_heads), spec, inputs, out, constants)
     try:
         with torch.inference_mode(), autocast(device):
             if spec.mlm_topk:
-                seq = base(**inputs).last_hidden_state  # (B, L, d)
+                seq = base(**forward_inputs).last_hidden_state  # (B, L, d)
                 out.update(_mlm_signals(model, seq, batch, spec.mlm_topk))
             elif spec.task == "qa":
-                res = model(**inputs)
+                res = model(**forward_inputs)
                 out[START_LOGITS] = res.start_logits.float().masked_fill(~mask, 0.0).half()
                 out[END_LOGITS] = res.end_logits.float().masked_fill(~mask, 0.0).half()
             elif spec.task == "classification":
-                out[LOGITS] = model(**inputs).logits.half()
+                out[LOGITS] = model(**forward_inputs).logits.half()
             else:
                 try:
-                    base(**inputs)
+                    base(**forward_inputs)
                 except _StopForward:
                     pass
     finally:
@@ -289,18 +281,23 @@ def check_derived_embeddings(captured: torch.Tensor, derived: torch.Tensor, mask
                          "LayerNorm(word + position + token type); cache it without embeddings")
 
 
-def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, inputs: Mapping[str, torch.Tensor],
-                   out: dict[str, torch.Tensor], constants: Constants | None) -> list:
+def _install_hooks(base: nn.Module, layers: nn.ModuleList, arch: Arch, n_heads: int, spec: SignalSpec,
+                   inputs: Mapping[str, torch.Tensor], out: dict[str, torch.Tensor],
+                   constants: Constants | None) -> list:
     p, r = spec.pool, spec.attn_rank
     mask = inputs["attention_mask"].bool()
     handles = []
 
+    def on_embeddings(module, args, output):
+        derived = constants.embeddings(inputs["input_ids"], inputs["token_type_ids"], mask)
+        check_derived_embeddings(_last_output(output), derived, mask)
+
+    def on_layer_input(module, args, kwargs):  # hidden/L0: the first layer's input, output_hidden_states[0]
+        on_hidden(0)(module, args, args[0] if args else kwargs["hidden_states"])
+
     def on_hidden(j: int) -> Callable:
         def hook(module, args, output):
             h = _last_output(output)  # (B, L, d)
-            if j == 0 and spec.embedding_size:
-                derived = constants.embeddings(inputs["input_ids"], inputs["token_type_ids"], mask)
-                check_derived_embeddings(h, derived, mask)
             if j in spec.hidden_layers:
                 pooled = avg_pool_seq(h.float(), mask, p)[0]  # (B, n, d)
                 if spec.hidden_rank:
@@ -309,11 +306,11 @@ def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, inp
                 out[hidden_array(j)] = pooled.half()
         return hook
 
-    def on_projection(j: int, which: str, stash: dict, attn: nn.Module) -> Callable:
+    def on_projection(j: int, which: str, stash: dict) -> Callable:
         def hook(module, args, output):
             stash[which] = output
             if len(stash) == 2:  # query and key both seen, in whatever order the module runs them
-                scores = _attention_scores(stash.pop("q"), stash.pop("k"), attn)
+                scores = _attention_scores(stash.pop("q"), stash.pop("k"), n_heads)
                 if j in spec.attn_probs_layers and r:
                     left, right = low_rank_factors(scores, mask, r, center_rows=True)
                     for name, f in zip(attn_factor_arrays(attn_probs_array(j)), (left, right)):
@@ -332,36 +329,33 @@ def _install_hooks(base: nn.Module, layers: nn.ModuleList, spec: SignalSpec, inp
         return hook
 
     try:
-        if spec.embedding_size or 0 in spec.hidden_layers:
-            handles.append(base.embeddings.register_forward_hook(on_hidden(0)))
+        if spec.embedding_size:
+            handles.append(base.embeddings.register_forward_hook(on_embeddings))
+        if 0 in spec.hidden_layers:
+            handles.append(layers[0].register_forward_pre_hook(on_layer_input, with_kwargs=True))
         for j in spec.hidden_layers:
             if j > 0:
-                handles.append(layers[j - 1].register_forward_hook(on_hidden(j)))
+                handles.append(hidden_module(base, layers, arch, j).register_forward_hook(on_hidden(j)))
         for j in sorted(set(spec.attn_layers) | set(spec.attn_probs_layers)):
-            attn, stash = layers[j - 1].attention.self, {}
-            handles.append(attn.query.register_forward_hook(on_projection(j, "q", stash, attn)))
-            handles.append(attn.key.register_forward_hook(on_projection(j, "k", stash, attn)))
+            query, key, stash = *attention_projections(layers[j - 1], arch), {}
+            handles.append(query.register_forward_hook(on_projection(j, "q", stash)))
+            handles.append(key.register_forward_hook(on_projection(j, "k", stash)))
         if not (spec.task != "none" or spec.mlm_topk):
             deepest = max((*spec.hidden_layers, *spec.attn_layers, *spec.attn_probs_layers), default=0)
             if deepest < len(layers):
-                stop_at = layers[deepest - 1] if deepest > 0 else base.embeddings
-
-                def stop(module, args, output):
+                def stop(module, *args):
                     raise _StopForward
 
-                handles.append(stop_at.register_forward_hook(stop))  # registered last: runs after the capture hooks
+                # registered last: runs after the capture hooks
+                if deepest > 0:
+                    handles.append(hidden_module(base, layers, arch, deepest).register_forward_hook(stop))
+                else:  # only the embeddings or hidden/L0: stop as the first layer starts
+                    handles.append(layers[0].register_forward_pre_hook(stop))
     except BaseException:
         for h in handles:
             h.remove()
         raise
     return handles
-
-
-def _mlm_head(model: nn.Module) -> nn.Module:
-    for attr in _MLM_HEAD_ATTRS:
-        if isinstance(getattr(model, attr, None), nn.Module):
-            return getattr(model, attr)
-    raise ValueError(f"{type(model).__name__}: MLM head not found (looked for attributes {_MLM_HEAD_ATTRS})")
 
 
 def _mlm_signals(model: nn.Module, seq: torch.Tensor, batch: Mapping[str, torch.Tensor],
@@ -372,7 +366,7 @@ def _mlm_signals(model: nn.Module, seq: torch.Tensor, batch: Mapping[str, torch.
     unused = ~batch["masked_valid"].to(seq.device, non_blocking=True)  # (B, M)
     B, M = pos.shape
     hidden = seq.gather(1, pos[..., None].expand(B, M, seq.shape[-1]))  # (B, M, d)
-    logits = _mlm_head(model)(hidden).float()  # (B, M, V): the head at masked positions only
+    logits = mlm_logits(model, hidden).float()  # (B, M, V): the head at masked positions only
     top, ids = logits.topk(k, dim=-1)  # (B, M, k), sorted descending
     return {
         MLM_POSITIONS: pos.masked_fill(unused, -1).int(),

@@ -1,6 +1,7 @@
 """Loading a teacher for signal capture: the right head, eval mode, a fused attention kernel.
 
-Attention kernel: ``sdpa`` (fused; flash attention on CUDA), not ``eager``. The capture never asks
+Attention kernel: ``sdpa`` (fused; flash attention on CUDA), not ``eager``, where the architecture has one
+(:data:`distillpipe.teacher.arch.ARCHS`; DeBERTa-v2/v3 has none and loads eager). The capture never asks
 the model for attention maps: its hooks recompute the pre-softmax scores of the *selected* layers
 from their query/key projections (``capture.py``), which works under any kernel and is tested
 against ``output_attentions`` of an eager run. Eager attention would only add cost: it
@@ -22,6 +23,7 @@ import torch
 
 from distillpipe.assets import AssetError, resolve_model
 from distillpipe.runtime import resolve_device
+from distillpipe.teacher.arch import arch_of
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,11 @@ def load_teacher(spec_or_dir: str | Path, head: Head, device: str | torch.device
         raise ValueError(f"unknown teacher head {head!r}; choose one of {HEADS}")
     model_dir = resolve_model(str(spec_or_dir))
     dev = resolve_device(str(device)) if not isinstance(device, torch.device) else device
+    from transformers import AutoConfig
+
+    kernel = arch_of(AutoConfig.from_pretrained(model_dir)).kernel  # DeBERTa-v2 has no sdpa: eager (arch.py)
     model, info = _auto_class(head).from_pretrained(
-        model_dir, attn_implementation="sdpa", output_loading_info=True
+        model_dir, attn_implementation=kernel, output_loading_info=True
     )
     # The pooler only feeds sequence classification; a checkpoint saved without it (e.g. from a
     # *ForMaskedLM) is complete for every other head.

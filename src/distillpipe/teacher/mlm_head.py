@@ -7,6 +7,11 @@ per-token bias (``BertOnlyMLMHead``). Only the head's own parameters train, on t
 masks; the encoder and the embeddings (hence the tied decoder) stay frozen, so the teacher's hidden
 states and attention are the ones it had, and its cached MLM targets describe that same encoder.
 
+The head is each family's own (:func:`distillpipe.teacher.arch.mlm_logits`: BERT ``cls``, RoBERTa ``lm_head``,
+DistilBERT ``vocab_transform``/``vocab_layer_norm``/``vocab_projector``, ELECTRA the generator's
+``generator_predictions``/``generator_lm_head``, DeBERTa-v2/v3 ``lm_predictions``, ModernBERT ``head``/``decoder``);
+an architecture outside that table is refused with its name.
+
 A checkpoint that has its MLM head (bert-base-uncased, bert-large-uncased-whole-word-masking) is kept as
 it is: no step is taken, and the stage only scores it and saves it.
 
@@ -24,6 +29,7 @@ from torch import nn
 
 from distillpipe.data.batching import collate_tokens, pad_sequences
 from distillpipe.runtime import autocast
+from distillpipe.teacher.arch import mlm_logits, model_inputs
 
 log = logging.getLogger(__name__)
 COLUMNS = ["input_ids", "token_type_ids", "masked_positions", "masked_labels"]
@@ -53,22 +59,14 @@ def build_mlm_model(base_dir: Path) -> tuple[nn.Module, bool]:
     return model, True
 
 
-def head_module(model: nn.Module) -> nn.Module:
-    """The part of a masked LM after its encoder (``cls`` for BERT, ``lm_head`` for RoBERTa)."""
-    heads = [m for name, m in model.named_children() if name != model.base_model_prefix]
-    if len(heads) != 1:
-        raise ValueError(f"{type(model).__name__}: expected one head module beside the encoder, found {len(heads)}")
-    return heads[0]
-
-
 def masked_logits(model: nn.Module, inputs: dict[str, torch.Tensor], positions: torch.Tensor,
                   valid: torch.Tensor) -> torch.Tensor:
     """(n, V) head logits at the ``valid`` entries of ``positions`` (B, M); the encoder runs without gradients."""
     with torch.no_grad():
-        seq = model.base_model(**inputs).last_hidden_state  # (B, T, d)
+        seq = model.base_model(**model_inputs(model, inputs)).last_hidden_state  # (B, T, d)
     B, M = positions.shape
     hidden = seq.gather(1, positions.clamp(min=0)[..., None].expand(B, M, seq.shape[-1]))  # (B, M, d)
-    return head_module(model)(hidden[valid])  # (n, V)
+    return mlm_logits(model, hidden[valid])  # (n, V): each family's own head (arch.py)
 
 
 def mlm_batch(rows: dict[str, list], pad_id: int, device: torch.device):

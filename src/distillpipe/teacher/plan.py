@@ -53,6 +53,7 @@ from distillpipe.config.tokenize import TokenizeConfig
 from distillpipe.store import constants as store_constants
 from distillpipe.store.schema import SignalSpec
 from distillpipe.store.shards import tree_bytes
+from distillpipe.teacher.arch import config_signals, normalized_config, refusal
 from distillpipe.teacher.bench import Bench, cached_vs_live, load_bench, reading_rates, throughput
 from distillpipe.teacher.estimate import ArrayPlan, array_plans, constant_shapes, float16_row_bytes, fmt_bytes
 from distillpipe.teacher.rows import Rows, count_rows
@@ -250,12 +251,17 @@ def plan_item(name: str, cfg: TeacherCacheDatasetConfig, shard_rows: int, tokeni
         item.notes.append("sequence length unknown: no tokens and no tokenize params for this dataset")
         return item
     config = json.loads(config_path.read_text(encoding="utf-8"))
+    refused = refusal(config, config_signals(cfg.signals), f"teacher_cache.datasets.{name}")
+    if refused is not None:  # the build would refuse it at its first batch: say so now, in its words (arch.py)
+        item.problems.append(refused)
+        return item
+    config = normalized_config(config)  # DistilBERT's dim/n_layers/n_heads as BERT's names
     try:
         sizes = teacher_sizes(config, cfg.head)
         n_layers = int(config["num_hidden_layers"])
         item.teacher_params = teacher_params(config, cfg.head)
     except KeyError as e:
-        item.notes.append(f"{config_path} has no {e.args[0]!r}: not a BERT-architecture config, sizes unknown")
+        item.notes.append(f"{config_path} has no {e.args[0]!r}: sizes unknown")
         return item
     s = cfg.signals
     if s.mlm_topk and rows.how == "tokens" and rows.masked is None:

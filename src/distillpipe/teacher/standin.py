@@ -163,8 +163,8 @@ def standin_teacher(shape: str, head: str, *, max_batch: int, max_seq_len: int, 
         raise ValueError(f"unknown stand-in shape {shape!r}; choose one of {sorted(SHAPES)}")
     if head not in HEAD_CLASSES:
         raise ValueError(f"unknown head {head!r}; choose one of {sorted(HEAD_CLASSES)}")
-    config = SimpleNamespace(**SHAPES[shape], num_labels=num_labels, position_embedding_type="absolute",
-                             _attn_implementation="stand-in", name=shape)
+    config = SimpleNamespace(**SHAPES[shape], model_type="bert", num_labels=num_labels,  # BERT's modules (arch.py)
+                             position_embedding_type="absolute", _attn_implementation="stand-in", name=shape)
     cls = type(HEAD_CLASSES[head], (StandInBert,), {})  # the capture reads the head off the class name
     model = cls(config, head, max_batch, max_seq_len, max_masked)
     if head == "base":

@@ -189,13 +189,17 @@ def size_student(optim: dict, train_rows: int, dev_rows: int, rates: Rates, budg
 
 
 def size_teacher(task: dict, train_rows: int, dev_rows: int, rates: Rates, budget_s: float) -> Sized:
-    """The ``teacher_finetune.tasks`` keys to change so that fine-tuning fits ``budget_s``."""
+    """The ``teacher_finetune.tasks`` keys to change so that fine-tuning fits ``budget_s``: with an ``lr_grid``, once
+    at each of its rates and ``lr``, the budget shared equally."""
+    n_rates = 1 + len(task.get("lr_grid") or ())
+    each = f" at each of {n_rates} learning rates" if n_rates > 1 else ""
     rows = train_rows if task["max_train_rows"] is None else min(train_rows, task["max_train_rows"])
     train_rps = rates.batch_size / rates.step_s
     dev_s = dev_rows / rates.forward_rows_per_s()
-    copied = task["epochs"] * (rows / train_rps + dev_s)
-    if copied <= budget_s:
-        return Sized({}, copied, copied, f"{task['epochs']} epochs of {rows:,} rows")
+    copied = n_rates * task["epochs"] * (rows / train_rps + dev_s)
+    budget_s = budget_s / n_rates  # a rate's share
+    if copied <= n_rates * budget_s:
+        return Sized({}, copied, copied, f"{task['epochs']} epochs of {rows:,} rows{each}")
     for epochs in range(task["epochs"], 0, -1):  # fewer epochs first, then fewer rows
         fit = int((budget_s / epochs - dev_s) * train_rps)
         if fit >= rows or epochs == 1:
@@ -206,9 +210,9 @@ def size_teacher(task: dict, train_rows: int, dev_rows: int, rates: Rates, budge
     fit = min(fit, rows)
     changes = {"epochs": epochs, "max_train_rows": None if fit >= train_rows else fit}
     changes = {k: v for k, v in changes.items() if v != task[k]}
-    seconds = epochs * (fit / train_rps + dev_s)
-    return Sized(changes, seconds, copied, f"{epochs} epoch(s) of {fit:,} rows (the recipe: {task['epochs']} of "
-                                           f"{rows:,})")
+    seconds = n_rates * epochs * (fit / train_rps + dev_s)
+    return Sized(changes, seconds, copied, f"{epochs} epoch(s) of {fit:,} rows{each} (the recipe: {task['epochs']} "
+                                           f"of {rows:,})")
 
 
 def size_checkpoints(keys: dict, rates: Rates, run_s: float, write_bytes_per_s: float) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distillpipe.assets import TOKENIZER_FILES, tokenizer_sha256, weights_sha256
+from distillpipe.assets import tokenizer_files, tokenizer_sha256, weights_sha256
 from distillpipe.checkpoints import Checkpointer, resume_or_restart
 from distillpipe.config.teacher_finetune import TeacherFinetuneTaskConfig
 from distillpipe.data.batching import collate_tokens, length_batches
@@ -35,6 +35,7 @@ from distillpipe.evaluate.teacher import METRICS_FILE, PREDICTIONS_FILE, score_t
 from distillpipe.identity import json_sha256, stage_code
 from distillpipe.progress import Progress
 from distillpipe.runtime import adamw, autocast, resolve_device, rng_state, seed_everything, set_rng_state
+from distillpipe.teacher.arch import model_inputs
 from distillpipe.teacher.mlm_head import COLUMNS as MLM_COLUMNS
 from distillpipe.teacher.mlm_head import build_mlm_model, mlm_loss
 from distillpipe.tracking import teacher_summary, write_live
@@ -57,11 +58,14 @@ class FinetuneSummary:
     metrics: dict[str, float] = field(default_factory=dict)
     weak: str | None = None
     """The warning when the dev score is not clearly above the trivial baseline (evaluate/baseline.py)."""
+    chosen: str | None = None
+    """With ``lr_grid``: which learning rate won on dev, and by how much."""
 
     def one_line(self) -> str:
         m = ", ".join(f"{k} {v:.3f}" for k, v in self.metrics.items() if k in _HEADLINE)
         return (f"teacher_finetune {self.task}: {self.train_rows:,} train rows, {self.steps} steps, "
-                f"{self.seconds:.1f} s; dev {m}" + (f"\nwarning: {self.weak}" if self.weak else ""))
+                f"{self.seconds:.1f} s; dev {m}" + (f"; {self.chosen}" if self.chosen else "")
+                + (f"\nwarning: {self.weak}" if self.weak else ""))
 
 
 def _headline(task_type: str, meta: dict) -> str:
@@ -121,6 +125,68 @@ def _check_task(task: str, meta: dict, cfg: TeacherFinetuneTaskConfig) -> tuple[
 def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, prepared_dir: str | Path,
                      cfg: TeacherFinetuneTaskConfig, device: str, out_dir: str | Path,
                      ckpt_dir: str | Path, live_dir: str | Path) -> FinetuneSummary:
+    """Fine-tune at ``cfg.lr``, or, with ``cfg.lr_grid``, at each rate and keep the best on dev (BERT's recipe:
+    Devlin et al. sec. 4.1 select the rate on dev). Each rate's run lives in ``ckpt_dir/lr-<rate>/`` (its own
+    checkpoints, model and dvclive folder), so a killed selection resumes at the rate it was at and skips the
+    finished ones; the winner's model and dvclive folder become ``out_dir`` and ``live_dir``, its ``metrics.json``
+    records every rate's dev score (``lr_selection``). Test is never looked at for the choice."""
+    if not cfg.lr_grid:
+        return _finetune_one(task, base_dir, tokens_dir, prepared_dir, cfg, device, out_dir, ckpt_dir, live_dir)
+    t0 = time.time()
+    out_dir, ckpt_dir, live_dir = Path(out_dir), Path(ckpt_dir), Path(live_dir)
+    headline = _headline(read_meta(tokens_dir)["task_type"], read_meta(tokens_dir))
+    scores: dict[float, float] = {}
+    runs: dict[float, FinetuneSummary | None] = {}
+    for rate in [cfg.lr, *cfg.lr_grid]:
+        sub = ckpt_dir / f"lr-{rate:g}"
+        one = dataclasses.replace(cfg, lr=rate, lr_grid=None)
+        # a finished rate is reused only when it was trained as this one would be (params, tokens, base, code, device)
+        run_id = json_sha256({"cfg": dataclasses.asdict(one), "tokens": read_meta(tokens_dir)["fingerprint"],
+                              "base": weights_sha256(base_dir), "task": task, "code": stage_code(CODE_STAGE),
+                              "device": resolve_device(device).type})
+        done = sub / "done.json"
+        if done.is_file() and json.loads(done.read_text()).get("run_id") == run_id:  # finished before a kill
+            scores[rate] = float(json.loads((sub / "model" / METRICS_FILE).read_text())[headline])
+            runs[rate] = None
+            log.info("teacher_finetune %s: lr %g already fine-tuned (dev %s %.4f)", task, rate, headline, scores[rate])
+            continue
+        if done.is_file():
+            log.info("teacher_finetune %s: lr %g was fine-tuned with other params, tokens, base or code: again",
+                     task, rate)
+            shutil.rmtree(sub)
+        runs[rate] = _finetune_one(task, base_dir, tokens_dir, prepared_dir, one, device, sub / "model", sub / "ckpt",
+                                   sub / "live")
+        done.write_text(json.dumps({"run_id": run_id}) + "\n")
+        scores[rate] = float(runs[rate].metrics.get(headline, math.nan))
+    ranked = sorted(scores, key=lambda r: -scores[r] if not math.isnan(scores[r]) else math.inf)
+    best = ranked[0]
+    margin = scores[best] - scores[ranked[1]]
+    chosen = (f"lr {best:g} chosen on dev {headline} {scores[best]:.4f}, {margin:+.4f} over the next best (lr "
+              f"{ranked[1]:g}); " + ", ".join(f"lr {r:g}: {scores[r]:.4f}" for r in scores))
+    log.info("teacher_finetune %s: %s", task, chosen)
+    sub = ckpt_dir / f"lr-{best:g}"
+    metrics = json.loads((sub / "model" / METRICS_FILE).read_text())
+    metrics["lr_selection"] = {"metric": headline, "dev": {f"{r:g}": scores[r] for r in scores}, "chosen": best,
+                               "margin": margin}
+    (sub / "model" / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    for src, dst in ((sub / "model", out_dir), (sub / "live", live_dir)):
+        tmp = dst.with_name(dst.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        shutil.rmtree(dst, ignore_errors=True)
+        tmp.rename(dst)
+    for rate in scores:  # the winner is saved: the candidates are no longer needed (and may be GBs each)
+        shutil.rmtree(ckpt_dir / f"lr-{rate:g}", ignore_errors=True)
+    won = runs[best]
+    if won is None:  # chosen among runs finished before a restart: its summary from its metrics
+        won = FinetuneSummary(task, int(metrics["train_rows"]), int(metrics["steps"]), 0.0,
+                              {k: v for k, v in metrics.items() if k in _HEADLINE})
+    return dataclasses.replace(won, seconds=time.time() - t0, chosen=chosen)
+
+
+def _finetune_one(task: str, base_dir: str | Path, tokens_dir: str | Path, prepared_dir: str | Path,
+                  cfg: TeacherFinetuneTaskConfig, device: str, out_dir: str | Path,
+                  ckpt_dir: str | Path, live_dir: str | Path) -> FinetuneSummary:
     from datasets import load_from_disk
     from transformers import get_linear_schedule_with_warmup
 
@@ -204,7 +270,7 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
                 inputs = {k: v.to(dev_device) for k, v in collate_tokens(rows, pad_id).items()}
                 labels = {k: v.to(dev_device) for k, v in _labels(task_type, rows, cfg.regression_bin_width).items()}
                 with autocast(dev_device):
-                    loss = model(**inputs, **labels).loss
+                    loss = model(**model_inputs(model, inputs), **labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.max_grad_norm)
             optimizer.step()
@@ -256,9 +322,8 @@ def _save(model, base_dir: Path, out_dir: Path, metrics: dict[str, Any], predict
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     # Copy the tokenizer files verbatim (not re-saved): their sha256 must stay the one tokenize recorded.
-    for name in TOKENIZER_FILES:
-        if (base_dir / name).is_file():
-            shutil.copy2(base_dir / name, tmp / name)
+    for name in tokenizer_files(base_dir):  # SentencePiece models too: a DeBERTa-v3 folder has spm.model only
+        shutil.copy2(base_dir / name, tmp / name)
     (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     (tmp / PREDICTIONS_FILE).write_text(json.dumps(predictions, sort_keys=True) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
