@@ -22,6 +22,7 @@ from _tiny import make_tiny_bert_dir
 import distillpipe.errors
 import distillpipe.teacher.cache as driver
 import distillpipe.teacher.capture as capture
+import distillpipe.teacher.targets as targets
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is needed for DVC repositories")
 # Every edit below is found by meaning (tests/_edits.py): the function a stage really calls, wherever it lives now.
@@ -136,8 +137,8 @@ def _clean_build(repo, name):
 def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher):
     """The two edits that a narrower code identity (shard computation and writer only) let resume a stale
     store with "0 to write": the driver's row selection and the teacher loader, each found by meaning (the
-    functions the driver calls, wherever they live: row_subset in data/subset.py today). Each must rebuild, name
-    the file, and leave exactly the bytes of a clean build with the edited code."""
+    functions the driver calls, wherever they live: row_subset in data/subset.py, reached through teacher/targets.py
+    today). Each must rebuild, name the file, and leave exactly the bytes of a clean build with the edited code."""
     import numpy as np
 
     from distillpipe.store.reader import open_store
@@ -150,7 +151,7 @@ def test_edits_to_the_driver_and_the_loader_rebuild_the_store(tmp_path, teacher)
     store = repo / "data" / "teacher" / "polarity.zarr"
     before = open_store(store).read(["row_index", "logits"], 0, 50)
 
-    rows = edit_function(repo, driver.row_subset, swap_method_call("round", "floor"))  # rows i * 139 / 49, floored
+    rows = edit_function(repo, targets.row_subset, swap_method_call("round", "floor"))  # rows i * 139 / 49, floored
     sh(repo, DVC, "repro", "-s", "fingerprint", repo=repo)  # the code deps first, as a full `dvc repro` would
     res = out(sh(repo, DVC, "repro", "-s", "teacher_cache@polarity", repo=repo))
     assert "rebuilding the teacher cache" in res and f"code.{rows.removeprefix('src/')}: cache has" in res, res

@@ -33,9 +33,14 @@ def _optim(**over):
 
 
 def _run(**over):
+    """A train run (``mlm_views`` is a train run's key); ``_finetune_run`` gives a finetune run."""
     return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
             "teacher": "data/teacher/toy.zarr", "mlm_views": "static",
             "objective": OBJECTIVE, "optim": _optim(), "note": "test", **over}
+
+
+def _finetune_run(**over):
+    return {k: v for k, v in _run(**over).items() if k != "mlm_views"}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,7 @@ def test_changed_init_weights_start_over_instead_of_resuming(toy, tmp_path):
     """A finetune killed at step 12 whose init student then changes must not resume from the old-init
     checkpoint (it did: the resume identity held the init path, not its content)."""
     init = _init_student(toy, tmp_path / "gen", seed=0)
-    ft = _run(init="gen", student="cmow_hybrid", tune="full")
+    ft = _finetune_run(init="gen", student="cmow_hybrid", tune="full")
     params = write_params(tmp_path / "params.yaml",
                           {"finetune": {"device": "cpu", "loader": LOADER, "runs": {"ft": ft}}})
 
