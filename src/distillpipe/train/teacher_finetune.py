@@ -134,15 +134,17 @@ def finetune_teacher(task: str, base_dir: str | Path, tokens_dir: str | Path, pr
         return _finetune_one(task, base_dir, tokens_dir, prepared_dir, cfg, device, out_dir, ckpt_dir, live_dir)
     t0 = time.time()
     out_dir, ckpt_dir, live_dir = Path(out_dir), Path(ckpt_dir), Path(live_dir)
-    headline = _headline(read_meta(tokens_dir)["task_type"], read_meta(tokens_dir))
+    meta = read_meta(tokens_dir)
+    headline = _headline(meta["task_type"], meta)
+    base_sha = weights_sha256(base_dir)  # the same base for every rate: hashed once, not once per rate
     scores: dict[float, float] = {}
     runs: dict[float, FinetuneSummary | None] = {}
     for rate in [cfg.lr, *cfg.lr_grid]:
         sub = ckpt_dir / f"lr-{rate:g}"
         one = dataclasses.replace(cfg, lr=rate, lr_grid=None)
         # a finished rate is reused only when it was trained as this one would be (params, tokens, base, code, device)
-        run_id = json_sha256({"cfg": dataclasses.asdict(one), "tokens": read_meta(tokens_dir)["fingerprint"],
-                              "base": weights_sha256(base_dir), "task": task, "code": stage_code(CODE_STAGE),
+        run_id = json_sha256({"cfg": dataclasses.asdict(one), "tokens": meta["fingerprint"],
+                              "base": base_sha, "task": task, "code": stage_code(CODE_STAGE),
                               "device": resolve_device(device).type})
         done = sub / "done.json"
         if done.is_file() and json.loads(done.read_text()).get("run_id") == run_id:  # finished before a kill
