@@ -24,11 +24,15 @@ Output, all deterministic (no timestamps, seeded resampling; the same inputs giv
 1. a main table: one row per teacher (once per dataset and teacher name) then one per run of that
    dataset, datasets in order of first appearance; every dev/test score with its bootstrap interval; then the
    overlap between each dataset's splits (:mod:`distillpipe.evaluate.overlap`);
-2. one table per :class:`TableSpec` (a run it names that is absent is reported as "not run"), followed
-   by its paired comparisons: difference, interval and test (:mod:`distillpipe.evaluate.intervals`);
-3. where there are SQuAD v2 rows: dev's no-answer thresholds, the one applied (``tuned_threshold``) beside the
+2. against the trivial baseline: per main-table row and split, what the task's trivial predictor scores on the
+   same records (:func:`distillpipe.evaluate.baseline.trivial_baseline`) and whether the low end of the row's
+   interval (the main table's) is above it, under a count of the students clearly above it on dev and test;
+3. one table per :class:`TableSpec` (a run it names that is absent is reported as "not run"), followed
+   by its paired comparisons: difference, interval, the half-width it resolves, and test
+   (:mod:`distillpipe.evaluate.intervals`);
+4. where there are SQuAD v2 rows: dev's no-answer thresholds, the one applied (``tuned_threshold``) beside the
    official script's ``best_*`` figures;
-4. the PNG (:mod:`distillpipe.evaluate.plot`).
+5. the PNG (:mod:`distillpipe.evaluate.plot`).
 
 The tables and their number formats: :mod:`distillpipe.evaluate.tables`.
 """
@@ -54,11 +58,13 @@ from distillpipe.evaluate.tables import (
     Row,
     Scorer,
     TableSpec,
+    baseline_table,
     finite,
     main_table,
     plot_score,
     qa_thresholds_table,
     spec_table,
+    versus_baseline,
 )
 
 log = logging.getLogger(__name__)
@@ -219,11 +225,40 @@ def _caption(results: Sequence[Mapping[str, Any]], boot: Bootstrap) -> str:
         f"{level} bootstrap confidence interval (BCa, {boot.n_resamples:,} resamples of the split's examples, "
         f"seed {boot.seed}); a score without brackets has no per-example records. Paired comparisons resample "
         "the examples both models were scored on; their test is McNemar's exact test for accuracy and the "
-        "two-sided paired bootstrap for every other score. Params: millions, total and without embedding "
-        "matrices. Sent./s: median over repeats of the inference throughput (no gradients, warm-up untimed); "
+        "two-sided paired bootstrap for every other score. Resolves: half the width of the difference's interval, in "
+        "points, about the smallest difference those examples can tell from none (a larger difference, either way, "
+        "has an interval that excludes zero, up to the interval's asymmetry). Params: millions, total and without "
+        "embedding matrices. Sent./s: median over repeats of the inference throughput (no gradients, warm-up untimed); "
         "speed-up: student over teacher, both measured back to back in the same speed run. Teacher rows show "
         "the median of the teacher's measurements across that dataset's runs. " + _speed_settings(results)
     )
+
+
+def baseline_section(rows: Sequence[Row], scorer: Scorer, boot: Bootstrap) -> list[str]:
+    """Every main-table row against its task's trivial baseline on dev and test, under a count of the students (the
+    rows that are not teachers) clearly above it on both."""
+    compared = [(row, *(versus_baseline(row, split, scorer) for split in SPLITS)) for row in rows]
+    students = [(dev, test) for row, dev, test in compared if not row.run.startswith(TEACHER_PREFIX)]
+    based = [(dev, test) for dev, test in students if dev is not None or test is not None]
+    above = sum(1 for dev, test in based if dev and test and dev.clearly_above and test.clearly_above)
+    short = sum(1 for pair in based if any(v is None or v.clearly_above is None for v in pair))
+    summary = f"{above} of {len(based)} students are clearly above their trivial baseline on both dev and test."
+    if short:
+        summary += (f" {short} of the {len(based)} {'has' if short == 1 else 'have'} no interval on dev or test (no "
+                    f"records there, e.g. no test split) and so {'is' if short == 1 else 'are'} not.")
+    if len(students) > len(based):
+        summary += (f" Not counted: {len(students) - len(based)} without a baseline (no per-example records, or a "
+                    "task without a trivial predictor, such as an MLM corpus).")
+    caption = (
+        "The trivial predictor of each row's task, scored by the same code on the same split's records: "
+        "classification, the split's own majority class for every example (for accuracy the best any constant "
+        "scores on that split, so a majority of the train labels never scores higher); regression, a constant "
+        "score (correlation 0); SQuAD v2, no answer for every question (the unanswerable share). Low: the low end of "
+        "the row's "
+        f"{100 * boot.confidence:g}% interval, the one the main table prints. Clearly above: that low end is above "
+        "the baseline's score (compared before rounding); n/a: no records on the split, or no interval."
+    )
+    return ["## Against the trivial baseline", "", summary, "", caption, "", *baseline_table(compared)]
 
 
 def render_results(
@@ -252,6 +287,7 @@ def render_results(
     lines += main_table(rows, scorer)
     overlap = overlap_section(results)
     lines += ["", *overlap] if overlap else []
+    lines += ["", *baseline_section(rows, scorer, bootstrap)]
     for spec in tables:
         lines += ["", f"## {spec.title}", ""]
         if spec.caption:

@@ -1,5 +1,7 @@
 """The report's tables (:mod:`distillpipe.evaluate.report`): one line per model, every score with its bootstrap
-interval, paper-style tables of selected runs with the paper's numbers and paired comparisons.
+interval; each model's score beside its task's trivial baseline (:mod:`distillpipe.evaluate.baseline`);
+paper-style tables of selected runs with the paper's numbers and paired comparisons (with the smallest difference
+their examples resolve).
 
 Numbers: metrics are shown as percentages with one decimal, as the papers do. Classification and
 regression metrics arrive as fractions (:mod:`distillpipe.evaluate.metrics`) and are multiplied by 100;
@@ -16,6 +18,7 @@ from typing import Any
 
 from distillpipe.config.report import BootstrapConfig
 from distillpipe.evaluate import intervals
+from distillpipe.evaluate.baseline import trivial_baseline
 
 NA = "n/a"
 NOT_RUN = "not run"
@@ -141,6 +144,7 @@ class Scorer:
 
     def __init__(self, boot: Bootstrap):
         self.boot = boot
+        self._intervals: dict[tuple[str, str, str, str], intervals.Interval | None] = {}
 
     def _records(self, row: Row, split: str, metric: str) -> Sequence[Mapping[str, Any]] | None:
         recorded = (row.scores(split) or {}).get(metric)
@@ -157,19 +161,33 @@ class Scorer:
                 "re-run the run's evaluate stage (the two files come from different evaluations)")
         return records
 
+    def interval(self, row: Row, split: str, metric: str) -> intervals.Interval | None:
+        """The score's bootstrap interval, the one :meth:`cell` prints; None without records (fewer than two, or
+        records that cannot give the score) or where the interval is undefined. Drawn once per row, split and
+        metric: bootstrapping is the report's main cost, and every section that quotes an interval asks here."""
+        # two teachers of one dataset share the run name teacher:<dataset>: the model tells them apart
+        key = (row.run, row.model, split, metric)
+        if key not in self._intervals:
+            self._intervals[key] = self._draw(row, split, metric)
+        return self._intervals[key]
+
+    def _draw(self, row: Row, split: str, metric: str) -> intervals.Interval | None:
+        records = self._records(row, split, metric)
+        if records is None or len(records) < 2:
+            return None
+        ci = intervals.interval(metric, row.task_type, records, n_resamples=self.boot.n_resamples,
+                                confidence=self.boot.confidence, seed=self.boot.seed,
+                                key=f"{row.run}/{split}/{metric}")
+        return ci if finite(ci.low) and finite(ci.high) else None
+
     def cell(self, row: Row, split: str, metric: str) -> str:
         """``71.0 [66.2, 75.4]``: the score and its interval (the score alone when there are no records)."""
         scores = row.scores(split)
         if not scores:
             return NA
         text = format_metric(scores.get(metric), row.task_type)
-        records = self._records(row, split, metric)
-        if records is None or len(records) < 2:
-            return text
-        ci = intervals.interval(metric, row.task_type, records, n_resamples=self.boot.n_resamples,
-                                confidence=self.boot.confidence, seed=self.boot.seed,
-                                key=f"{row.run}/{split}/{metric}")
-        if not (finite(ci.low) and finite(ci.high)):
+        ci = self.interval(row, split, metric)
+        if ci is None:
             return text
         return f"{text} [{_percent(ci.low, row.task_type):.1f}, {_percent(ci.high, row.task_type):.1f}]"
 
@@ -186,9 +204,12 @@ class Scorer:
                                key=f"{a.run}-{b.run}/{split}/{metric}")
         d = res.difference
         diff = f"{_percent(d.value, a.task_type):+.1f}" if finite(d.value) else NA
-        ci = (f"[{_percent(d.low, a.task_type):+.1f}, {_percent(d.high, a.task_type):+.1f}]"
-              if finite(d.low) and finite(d.high) else NA)
-        return [f"{a.run} - {b.run}", split, metric, diff, ci, res.test, _p_value(res.p_value), f"{res.n:,}"]
+        ci = resolves = NA
+        if finite(d.low) and finite(d.high):
+            ci = f"[{_percent(d.low, a.task_type):+.1f}, {_percent(d.high, a.task_type):+.1f}]"
+            resolves = f"±{_percent(d.high - d.low, a.task_type) / 2:.1f}"
+        return [f"{a.run} - {b.run}", split, metric, diff, ci, resolves, res.test, _p_value(res.p_value),
+                f"{res.n:,}"]
 
 
 def _params(row: Row) -> tuple[str, str]:
@@ -210,7 +231,7 @@ MAIN_HEADER = (
     "Speed-up",
     "Device",
 )
-COMPARISON_HEADER = ("Comparison", "Split", "Metric", "Difference", "95% CI", "Test", "p", "Examples")
+COMPARISON_HEADER = ("Comparison", "Split", "Metric", "Difference", "95% CI", "Resolves", "Test", "p", "Examples")
 
 
 def main_table(rows: Sequence[Row], scorer: Scorer) -> list[str]:
@@ -233,6 +254,63 @@ def main_table(rows: Sequence[Row], scorer: Scorer) -> list[str]:
             )
         )
     return _table(MAIN_HEADER, body)
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A row's primary score on one split beside its trivial baseline's, in the metrics files' units."""
+
+    predicts: str
+    """What the trivial predictor predicts."""
+    baseline: float
+    """Its score on the split's records."""
+    low: float | None
+    """Low end of the row's interval (the main table's); None: no interval."""
+
+    @property
+    def clearly_above(self) -> bool | None:
+        return None if self.low is None else self.low > self.baseline
+
+
+def versus_baseline(row: Row, split: str, scorer: Scorer) -> Versus | None:
+    """The row's primary score on ``split`` against the trivial predictor scored on the same records (without train
+    labels: for classification the split's own majority class); None without records or a baseline (an MLM
+    corpus, or records that cannot give the metric)."""
+    records = row.records.get(split)
+    if not records:
+        return None
+    try:
+        base = trivial_baseline(row.task_type, row.primary_metric, records)
+    except intervals.RecordsError:
+        return None
+    if base is None:
+        return None
+    ci = scorer.interval(row, split, row.primary_metric)
+    return Versus(base[0], base[1], None if ci is None else ci.low)
+
+
+BASELINE_HEADER = ("Run", "Metric", "Baseline", "Dev: baseline", "Dev: low", "Dev: clearly above?",
+                   "Test: baseline", "Test: low", "Test: clearly above?")
+
+
+def _yes_no(v: Versus | None) -> str:
+    return NA if v is None or v.clearly_above is None else ("yes" if v.clearly_above else "no")
+
+
+def baseline_table(compared: Sequence[tuple[Row, Versus | None, Versus | None]]) -> list[str]:
+    """One line per ``(row, dev, test)`` of :func:`versus_baseline`'s results."""
+    body = []
+    for row, *splits in compared:
+        said = {split: v.predicts for split, v in zip(SPLITS, splits) if v is not None}
+        # a split's own majority class can differ from the other's: then name each
+        what = (next(iter(said.values())) if len(set(said.values())) == 1 else
+                "; ".join(f"{split}: {text}" for split, text in said.items()) or NA)
+        cells = [row.run, row.primary_metric, what]
+        for v in splits:
+            cells += [NA, NA, NA] if v is None else [format_metric(v.baseline, row.task_type),
+                                                     format_metric(v.low, row.task_type), _yes_no(v)]
+        body.append(cells)
+    return _table(BASELINE_HEADER, body)
 
 
 def spec_table(spec: TableSpec, by_run: Mapping[str, Row], scorer: Scorer) -> list[str]:
@@ -268,7 +346,7 @@ def spec_table(spec: TableSpec, by_run: Mapping[str, Row], scorer: Scorer) -> li
     for a, b in spec.compare:
         ra, rb = by_run.get(a), by_run.get(b)
         if ra is None or rb is None:
-            comparisons.append([f"{a} - {b}", "", "", NOT_RUN, "", "", "", ""])
+            comparisons.append([f"{a} - {b}", "", "", NOT_RUN, "", "", "", "", ""])
             continue
         m = spec.metric or ra.primary_metric
         comparisons += [line for split in SPLITS if (line := scorer.comparison(ra, rb, split, m))]
