@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export TOKENIZERS_PARALLELISM := false
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup setup-dev repro test test-slow test-all bench gpu-check deps params-style clean
+.PHONY: setup setup-dev repro embedded-results test test-slow test-all bench gpu-check deps params-style clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -30,6 +30,11 @@ $(DEV_STAMP): $(STAMP)
 
 repro: setup
 	$(VENV)/bin/dvc repro
+
+# after `make repro` on a fresh clone: its report, dated and with the machine named, as docs/embedded-results.md
+# (REPRO_TIME="14 min 2 s" adds the measured time); a test fails while it was made from other params.yaml values
+embedded-results: setup
+	$(VENV)/bin/distillpipe embedded-results $(if $(REPRO_TIME),--repro-time "$(REPRO_TIME)")
 
 test: setup-dev
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/pytest

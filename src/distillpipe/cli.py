@@ -11,6 +11,7 @@ import typer
 from distillpipe.commands import (
     augment,
     dvc_deps,
+    embedded_results,
     evaluate,
     export,
     finetune,
@@ -60,6 +61,7 @@ for name, fn in [
     ("fingerprint", fingerprint.fingerprint),
     ("dvc-deps", dvc_deps.dvc_deps),
     ("params-style", params_style.params_style),
+    ("embedded-results", embedded_results.embedded_results),
 ]:
     app.command(name)(fn)
 

@@ -97,7 +97,7 @@ def test_wiki_pairs_diffcat(tmp_path):
     r = evaluated_run(tmp_path, "hybrid-wiki_pairs", prepared=prepared, tokens=tokens, teacher=teacher, model=CMOW,
                       encoding="diffcat", head="mlp", bin_width=None)
     export_run(r["run"], **export_kwargs(r, tmp_path / "exported"))
-    assert len(_check(r, tmp_path / "exported", tmp_path)) == 324
+    assert len(_check(r, tmp_path / "exported", tmp_path)) == 996
 
 
 @pytest.mark.slow
