@@ -22,7 +22,7 @@ CMOW_PAPER = {
     "bidirectional": True,
     "d": 20,
     "d_vec": 400,
-    "init_std": 0.01,
+    "init_std": 0.01, "embedding_init": "random",
     "dropout": 0.1,
 }
 MLP_HEAD = {"type": "mlp", "hidden_size": 1000, "dropout": 0.1}  # CMOW paper Table XIII: 1,000 hidden units
@@ -36,11 +36,12 @@ WALDORF_TABLE1 = {
     "n_heads": 16,
     "d_ff": 1440,
     "dropout": 0.1,
-    "init_std": 0.02,
+    "init_std": 0.02, "embedding_init": "random",
 }
 MINIALBERT_128 = {"student": "minialbert", "embedding_size": 128, "d_model": 768, "n_heads": 12, "d_ff": 3072,
                   "n_iterations": 6, "adapter_size": 48, "max_position_embeddings": 512, "dropout": 0.1,
-                  "init_std": 0.02}  # the paper's MiniALBERT-128 with adapters (Table 1: 12 M parameters)
+                  "init_std": 0.02,
+                  "embedding_init": "random"}  # the paper's MiniALBERT-128 with adapters (Table 1: 12 M parameters)
 
 
 def arguments(doc: str, **extra: dict) -> argparse.ArgumentParser:

@@ -211,7 +211,7 @@ def child_train(a: argparse.Namespace) -> None:
         "dataset": "bench", "encoding": "joint", "head": None, "note": "memory benchmark",
         "teacher": "data/teacher/bench.zarr", "mlm_views": "static",
         "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-                  "init_std": 0.01, "dropout": 0.0},
+                  "init_std": 0.01, "embedding_init": "random", "dropout": 0.0},
         "objective": {"loss_weights": {"hard": 1.0, "hidden": 1.0, "mlm_kd": 1.0}, "hidden_loss": "cosine",
                       "layer_map": [2], "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0,
                                                      "temperature": 1.0, "temperature_decay": False}},

@@ -46,7 +46,7 @@ from distillpipe.train.build import TrainingRun, build_run
 from distillpipe.train.loop import train_step
 
 PAPER = {"student": "minialbert", "d_model": 768, "n_heads": 12, "d_ff": 3072, "n_iterations": 6, "adapter_size": 48,
-         "max_position_embeddings": 512, "dropout": 0.1, "init_std": 0.02}
+         "max_position_embeddings": 512, "dropout": 0.1, "init_std": 0.02, "embedding_init": "random"}
 MODELS = {"paper128": {**PAPER, "embedding_size": 128}, "paper312": {**PAPER, "embedding_size": 312}}
 
 

@@ -104,7 +104,7 @@ def ddp_step_time(tmp: Path, train_rows: int) -> None:
     run = {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 256, "dropout": 0.1},
            "teacher": "data/teacher/toy.zarr", "mlm_views": "static",
            "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 8, "d_vec": 64,
-                     "init_std": 0.01, "dropout": 0.1},
+                     "init_std": 0.01, "embedding_init": "random", "dropout": 0.1},
            "objective": {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
                          "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                                       "temperature_decay": False}},

@@ -70,7 +70,7 @@ def tiny_params(teacher: Path) -> dict:
     run = params["finetune"]["runs"]["hybrid-polarity"]
     run = {k: v for k, v in run.items() if k not in ("init", "student", "tune")} | {
         "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 3, "d_vec": 8,
-                  "init_std": 0.01, "dropout": 0.1},
+                  "init_std": 0.01, "embedding_init": "random", "dropout": 0.1},
         "optim": {**run["optim"], "epochs": 2, "batch_size": 32}, "mlm_views": "static"}
     loader = {"block_rows": 64, "buffer_blocks": 2, "streams": 1}
     params["train"].update(device="cpu", loader=loader, runs={"tiny": run})

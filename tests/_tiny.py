@@ -10,7 +10,8 @@ import numpy as np
 WORDS = [f"w{i}" for i in range(60)]
 # A WaLDORf small enough for a test to train in seconds (heads = the tiny teachers' 4, for the attention loss).
 TINY_WALDORF = {"student": "waldorf", "embedding_size": 16, "conv_channels": [16, 32], "conv_kernel": 3,
-                "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.0, "init_std": 0.02}
+                "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "dropout": 0.0, "init_std": 0.02,
+                "embedding_init": "random"}
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 

@@ -132,11 +132,10 @@ def test_only_runs_that_read_the_new_data_and_captions_of_the_new_task():
     runs = {key for where, key, _ in plan_task(params, "sst2", "polarity", local) if where == "finetune.runs"}
     assert runs == {"hybrid-sst2", "hybrid-sst2-hard"}
     plan = plan_task(params, "sst2", "polarity", local, elmo=True)
-    assert {key for where, key, _ in plan if where == "finetune.runs"} == runs | {
-        "elmo-c-sst2", "elmo-a-sst2", "elmo-sub-sst2"}
+    assert {key for where, key, _ in plan if where == "finetune.runs"} == runs | {"elmo-c-sst2"}
     tables = [value for where, _, value in plan if where == "report.tables"]
     embedded = {t["caption"] for t in params["report"]["tables"]}
-    assert len(tables) == 2 and not {t["caption"] for t in tables} & embedded
+    assert len(tables) == 1 and not {t["caption"] for t in tables} & embedded  # KD vs hard labels
     assert all("sst2 (glue files in data/raw/SST-2)" in t["caption"] for t in tables)
 
 

@@ -27,10 +27,10 @@ from distillpipe.train.build import CODE_STAGES
 MAX_LEN = 32
 BIN_WIDTH = 0.2
 CMOW = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 8, "init_std": 0.3,
-        "dropout": 0.0}
+        "embedding_init": "random", "dropout": 0.0}
 MINIALBERT = {"student": "minialbert", "embedding_size": 8, "d_model": 16, "n_heads": 4, "d_ff": 32,
               "n_iterations": 2, "adapter_size": 4, "max_position_embeddings": MAX_LEN, "dropout": 0.0,
-              "init_std": 0.3}
+              "init_std": 0.3, "embedding_init": "random"}
 WALDORF = {**TINY_WALDORF, "init_std": 0.3}
 ELMO = {"student": "elmo", "d_input": 8, "output": "continuous", "d_hidden": 16, "d_proj": 8, "n_layers": 2,
         "adaptive_cutoffs": [10], "adaptive_div_value": 4.0, "dropout": 0.0, "init_std": 0.1}

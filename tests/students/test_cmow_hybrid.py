@@ -21,6 +21,7 @@ def model_cfg(variant="hybrid", bidirectional=True, dropout=0.0, init_std=0.01, 
         d=d,
         d_vec=d_vec,
         init_std=init_std,
+        embedding_init="random",
         dropout=dropout,
     )
 

@@ -15,7 +15,7 @@ from distillpipe.train.loop import train_student
 
 V_BERT = 30522
 TINY = {"student": "minialbert", "embedding_size": 16, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_iterations": 3,
-        "adapter_size": 8, "max_position_embeddings": 64, "dropout": 0.0, "init_std": 0.02}
+        "adapter_size": 8, "max_position_embeddings": 64, "dropout": 0.0, "init_std": 0.02, "embedding_init": "random"}
 
 
 def cfg(**over) -> MiniALBERTConfig:

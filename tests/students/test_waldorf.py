@@ -31,7 +31,7 @@ def tiny_cfg(**kw) -> WaLDORfConfig:
         "n_heads": 4,
         "d_ff": 48,
         "dropout": 0.1,
-        "init_std": 0.02,
+        "init_std": 0.02, "embedding_init": "random",
     }
     return WaLDORfConfig(**{**base, **kw})
 
@@ -257,7 +257,7 @@ TABLE_1 = {
     "n_heads": 16,
     "d_ff": 1440,
     "dropout": 0.1,
-    "init_std": 0.02,
+    "init_std": 0.02, "embedding_init": "random",
 }
 
 

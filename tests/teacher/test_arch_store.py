@@ -25,7 +25,7 @@ from distillpipe.train.loop import train_student
 N_TRAIN, N_DEV = 32, 8
 LOADER = {"block_rows": 16, "buffer_blocks": 2, "streams": 1}
 MODEL = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-         "init_std": 0.01, "dropout": 0.0}
+         "init_std": 0.01, "embedding_init": "random", "dropout": 0.0}
 RUN = {"dataset": "toy", "teacher": "data/teacher/toy.zarr", "model": MODEL, "encoding": "joint", "mlm_views": "static",
        "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
        "objective": {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],

@@ -65,7 +65,8 @@ SETS = {
 }
 DATASET = {"cls": "toy", "mlm": "toy_mlm", "qa": "toy_qa"}
 MINIALBERT = {"student": "minialbert", "embedding_size": 16, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_iterations": 2,
-              "adapter_size": 8, "max_position_embeddings": 64, "dropout": 0.0, "init_std": 0.02}
+              "adapter_size": 8, "max_position_embeddings": 64, "dropout": 0.0, "init_std": 0.02,
+              "embedding_init": "random"}
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +267,7 @@ def test_the_command_runs_a_teacher_folder_live_and_refuses_what_does_not_fit(te
     folder.symlink_to(teachers["dirs"][head], target_is_directory=True)
     run = {"dataset": "toy", "teacher": "models/teacher/clf", "mlm_views": "static",
            "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-                     "init_std": 0.01, "dropout": 0.0},
+                     "init_std": 0.01, "embedding_init": "random", "dropout": 0.0},
            "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
            "objective": {"loss_weights": {"hard": 0.5, "soft": 0.5, "hidden": 1.0}, "hidden_loss": "cosine",
                          "layer_map": [2], "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0,
@@ -331,7 +332,7 @@ def test_a_live_teacher_altered_after_the_committed_dvc_lock_is_refused(teachers
     run = build(TrainRunConfig, {
         "dataset": "toy", "teacher": "models/teacher/clf", "mlm_views": "static",
         "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-                  "init_std": 0.01, "dropout": 0.0},
+                  "init_std": 0.01, "embedding_init": "random", "dropout": 0.0},
         "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": 0.0},
         "objective": {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,

@@ -85,7 +85,7 @@ def _run(dropout):
     return {"dataset": "toy", "encoding": "joint", "head": {"type": "mlp", "hidden_size": 16, "dropout": dropout},
             "teacher": "data/teacher/toy.zarr", "mlm_views": "static",
             "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-                      "init_std": 0.01, "dropout": dropout},
+                      "init_std": 0.01, "embedding_init": "random", "dropout": dropout},
             "objective": OBJECTIVE, "note": "ddp",
             "optim": {"epochs": 2, "max_steps": None, "batch_size": 8, "lr": 3e-3, "weight_decay": 0.0,
                       "max_grad_norm": 1.0, "eval_every": 6, "patience": None, "checkpoint_minutes": 0, "seed": 0}}

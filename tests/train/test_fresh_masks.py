@@ -122,7 +122,7 @@ def test_the_live_teacher_scores_the_masks_the_student_sees(corpus):
 def test_a_fresh_masks_run_trains_and_is_refused_without_a_live_teacher(corpus, tmp_path):
     run = {"dataset": "wiki", "teacher": "models/teacher/wiki", "mlm_views": "fresh",
            "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-                     "init_std": 0.01, "dropout": 0.0},
+                     "init_std": 0.01, "embedding_init": "random", "dropout": 0.0},
            "encoding": "joint", "head": None,
            "objective": {"loss_weights": {"hard": 0.5, "mlm_kd": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
                          "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,

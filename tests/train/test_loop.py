@@ -37,7 +37,7 @@ from distillpipe.train.objective import ObjectiveError
 SHARD = 32
 LOADER = {"block_rows": 32, "buffer_blocks": 2, "streams": 1}
 MODEL = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-         "init_std": 0.01, "dropout": 0.0}
+         "init_std": 0.01, "embedding_init": "random", "dropout": 0.0}
 ALL_AT_ONCE = {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False}
 
 

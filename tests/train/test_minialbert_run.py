@@ -23,7 +23,7 @@ from distillpipe.train.objective import Objective, probe_student, store_names
 from distillpipe.train.schedule import AllOnes
 
 MODEL = {"student": "minialbert", "embedding_size": 16, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_iterations": 2,
-         "adapter_size": 8, "max_position_embeddings": 32, "dropout": 0.0, "init_std": 0.02}
+         "adapter_size": 8, "max_position_embeddings": 32, "dropout": 0.0, "init_std": 0.02, "embedding_init": "random"}
 ALL_AT_ONCE = {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0, "temperature_decay": False}
 
 

@@ -106,7 +106,7 @@ def _run(loss_weights):
     return build(TrainRunConfig, {
         "dataset": "stsb", "teacher": "data/teacher/stsb.zarr", "mlm_views": "static",
         "model": {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4,
-                  "d_vec": 32, "init_std": 0.01, "dropout": 0.0},
+                  "d_vec": 32, "init_std": 0.01, "embedding_init": "random", "dropout": 0.0},
         "encoding": "diffcat", "head": {"type": "mlp", "hidden_size": 64, "dropout": 0.0},
         "objective": {"loss_weights": loss_weights, "hidden_loss": "cosine", "layer_map": [-1],
                       "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,

@@ -21,7 +21,7 @@ from distillpipe.train.loop import train_student
 
 LOADER = {"block_rows": 32, "buffer_blocks": 2, "streams": 1}
 MODEL = {"student": "cmow_hybrid", "variant": "hybrid", "bidirectional": True, "d": 4, "d_vec": 16,
-         "init_std": 0.01, "dropout": 0.1}
+         "init_std": 0.01, "embedding_init": "random", "dropout": 0.1}
 OBJECTIVE = {"loss_weights": {"hard": 0.5, "soft": 0.5}, "hidden_loss": "cosine", "layer_map": [-1],
              "schedule": {"kind": "all_at_once", "warmup_fraction": 0.0, "temperature": 1.0,
                           "temperature_decay": False}}

@@ -10,6 +10,9 @@ from typing import Literal
 
 from distillpipe.config.base import ConfigError
 
+EmbeddingInit = Literal["random", "teacher"]
+"""How a student's token-embedding table starts (``train/embedding_init.py``)."""
+
 
 @dataclass(frozen=True)
 class CMOWHybridConfig:
@@ -26,12 +29,20 @@ class CMOWHybridConfig:
     """CBOW vector size (paper: 400)."""
     init_std: float
     """CMOW matrices start as I + N(0, init_std^2) (paper: 0.01), so long products stay well-conditioned."""
+    embedding_init: EmbeddingInit
+    """How the CBOW table starts: ``random``, N(0, init_std^2) as the paper's, or ``teacher``, the teacher's
+    word-embedding table projected on its top d_vec principal directions, at the teacher's scale (the CMOW matrices
+    stay I + noise). ``teacher`` needs the teacher's tables: ``embeddings: true`` in the run's cache
+    signals, or a live teacher (``train/embedding_init.py``)."""
     dropout: float
     """Dropout on the embeddings and on the aggregated representations (paper: 0.1)."""
 
     def __post_init__(self) -> None:
         if self.d < 1 or self.d_vec < 1 or self.init_std < 0 or not 0 <= self.dropout < 1:
             raise ConfigError("need d >= 1, d_vec >= 1, init_std >= 0 and dropout in [0, 1)")
+        if self.embedding_init == "teacher" and self.variant == "cmow":
+            raise ConfigError("embedding_init: teacher initialises the CBOW table, which variant cmow has none of; "
+                              "use variant hybrid or cbow, or embedding_init: random")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,11 @@ class WaLDORfConfig:
     """Dropout on embeddings, attention probabilities and residual branches (BERT: 0.1)."""
     init_std: float
     """Weights of linear, convolution and embedding layers start as N(0, init_std^2) (BERT: 0.02)."""
+    embedding_init: EmbeddingInit
+    """How the token embedding starts: ``random``, N(0, init_std^2), or ``teacher``, the teacher's word-embedding
+    table projected on its top embedding_size principal directions, at the teacher's scale. ``teacher``
+    needs the teacher's tables: ``embeddings: true`` in the run's cache signals, or a live teacher
+    (``train/embedding_init.py``)."""
 
     def __post_init__(self) -> None:
         sizes = {"embedding_size": self.embedding_size, "d_model": self.d_model, "n_layers": self.n_layers,
@@ -112,6 +128,12 @@ class MiniALBERTConfig:
     """Dropout on embeddings, attention probabilities and residual branches (BERT/ALBERT: 0.1)."""
     init_std: float
     """Weights of linear and embedding layers start as N(0, init_std^2) (BERT: 0.02)."""
+    embedding_init: EmbeddingInit
+    """How the factorised token embedding (rank embedding_size) starts: ``random``, N(0, init_std^2), or
+    ``teacher``, the teacher's word-embedding table projected on its top embedding_size principal directions, at the
+    teacher's scale (the paper starts its rank-312 students from TinyBERT's table). ``teacher`` needs the
+    teacher's tables: ``embeddings: true`` in the run's cache signals, or a live teacher
+    (``train/embedding_init.py``)."""
 
     def __post_init__(self) -> None:
         sizes = {"embedding_size": self.embedding_size, "d_model": self.d_model, "n_heads": self.n_heads,

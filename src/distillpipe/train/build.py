@@ -33,6 +33,7 @@ from distillpipe.students import build_student, load_student
 from distillpipe.students.base import INPUT_VECTORS, TaskSpec, freeze_for_tuning, set_input_vectors
 from distillpipe.teacher.live import LiveSettings, LiveTeacher, live_teacher
 from distillpipe.train.data import Mixture, Source
+from distillpipe.train.embedding_init import EmbeddingInitError, init_from_teacher
 from distillpipe.train.objective import Objective, aligned_blocks, embedding_stage, probe_student, store_names
 from distillpipe.train.schedule import Schedule, build_schedule
 from distillpipe.train.terms import check_names
@@ -284,6 +285,11 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
                  "num_workers": loader_workers, "rank": group.rank, "world": group.world}
     fresh = isinstance(run, TrainRunConfig) and run.mlm_views == "fresh"
     source = Source(meta["name"], tokens_dir, teacher, names, fresh_masks=fresh, **loader_kw)
+    if getattr(model_cfg, "embedding_init", None) == "teacher" and init_dir is None:  # (finetune: init's weights)
+        try:
+            init_from_teacher(student, source.constants, where=f"run {name} ({store_path})")
+        except EmbeddingInitError as e:
+            raise TrainDataError(str(e)) from None
     sources = [source]
     by_role = {"dataset": source}
     if augment is not None:
