@@ -97,9 +97,9 @@ def stub_pipeline(real: dict) -> dict:
 @pytest.mark.slow
 def test_exp_run_set_reruns_exactly_that_run_its_evaluation_and_the_report(tmp_path):
     """The whole real graph (dvc.yaml, params.yaml, the source the fingerprint stage reads) with stand-in commands:
-    after a full repro, `dvc exp run -S` on one WaLDORf run's lr runs that run's train and evaluate stages and the
-    report, nothing else (waldorf-slow is not timed: speed.runs times one WaLDORf run); so does switching the run to
-    its live teacher and back, its dvc.lock deps following the switch."""
+    after a full repro, `dvc exp run -S` on one WaLDORf run's lr runs that run's train, evaluate and speed stages
+    (waldorf-slow is the WaLDORf run speed.runs times) and the report, nothing else; so does switching the run to its
+    live teacher and back, its dvc.lock deps following the switch."""
     repo = working_tree_repo(tmp_path / "repo")
     (repo / "stub.py").write_text(STUB)
     real = yaml.safe_load((ROOT / "dvc.yaml").read_text())
@@ -109,13 +109,13 @@ def test_exp_run_set_reruns_exactly_that_run_its_evaluation_and_the_report(tmp_p
     sh(repo, "git", "commit", "-qm", "pipeline")
     res = sh(repo, DVC, "exp", "run", "-S", f"{SLOW_LR}=0.002", repo=repo)
     ran = set(re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr))
-    assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "report"}, ran
+    assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "speed@waldorf-slow", "report"}, ran
     # the run switched to its live teacher (docs/students.md): the same stages, now on the teacher folder, not the
     # store; and back to the cache, the same again
     for teacher in ("models/teacher/wiki_qa", "data/teacher/wiki_qa.zarr"):
         res = sh(repo, DVC, "exp", "run", "-S", f"train.runs.waldorf-slow.teacher={teacher}", repo=repo)
         ran = set(re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr))
-        assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "report"}, (teacher, ran)
+        assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "speed@waldorf-slow", "report"}, (teacher, ran)
         stage = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train@waldorf-slow"]
         deps = {d["path"] for d in stage["deps"]}
         assert teacher in deps and not {"models/teacher/wiki_qa", "data/teacher/wiki_qa.zarr"} - {teacher} & deps
