@@ -5,8 +5,8 @@ and it is an output, not in git. This command copies it, verbatim below a short 
 ``docs/embedded-results.md`` (the plot beside it), so that a reader sees it before running anything. The header
 says when, where and from what it was made: the date, the machine (CPU model, cores, memory, OS), the commit, the
 measured ``make repro`` time when given, and the digest of params.yaml's values (:func:`params_digest`: comments
-and layout do not count). ``tests/test_docs.py`` fails when params.yaml's digest is not the page's, so a change to
-the embedded params cannot land without the page regenerated (``make repro && make embedded-results``).
+and layout do not count). ``tests/test_embedded_results.py`` fails when params.yaml's digest is not the page's, so a
+change to the embedded params cannot land without the page regenerated (``make repro && make embedded-results``).
 """
 
 from __future__ import annotations

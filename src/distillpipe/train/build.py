@@ -301,6 +301,8 @@ def build_run(name: str, *, model_cfg: StudentConfig, run: RunConfig, loader_cfg
         sources.append(extra)
         by_role["augment"] = extra
     for s in sources:
+        if not embedding_stage(run.objective):  # no embedding loss reads them (a live teacher computes them anyway)
+            s.without_embedding_targets()
         s.to(dev)
     data = Mixture(sources, opt.seed)
     probe_rows = source.rows.select_columns(source.columns)[:2]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,13 @@ class Source:
     def identity(self) -> Any:
         """What decides this source's targets, as digests (part of a run's identity)."""
         return self.store.content_sha256() if self.store is not None else self.live.identity
+
+    def without_embedding_targets(self) -> Source:
+        """Stop deriving the teacher's embedding output for every batch (a run with no embedding loss: the cache's
+        tables served ``embedding_init`` at most)."""
+        if self.constants is not None and self.constants.embeddings is not None:
+            self.constants = replace(self.constants, embeddings=None)
+        return self
 
     def to(self, device: torch.device) -> Source:
         if self.constants is not None:
