@@ -9,29 +9,29 @@ import pytest
 import yaml
 from _dvc import DVC, ROOT, sh, working_tree_repo
 
-SLOW_LR = "train.runs.waldorf-slow.optim.lr"
+WALDORF_LR = "train.runs.waldorf-soft.optim.lr"
 
 
 def test_exp_run_set_param_changes_exactly_that_run(tmp_path):
     text = (ROOT / "params.yaml").read_text()
     assert not [t for t in yaml.scan(text) if isinstance(t, (yaml.AliasToken, yaml.AnchorToken))]
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    # one stage that reads the key, as the real train@waldorf-slow does through its params list
+    # one stage that reads the key, as the real train@waldorf-soft does through its params list
     cmd = ("python -c \"import yaml; p = yaml.safe_load(open('params.yaml')); "
-           "open('lr.txt', 'w').write(str(p['train']['runs']['waldorf-slow']['optim']['lr']))\"")
+           "open('lr.txt', 'w').write(str(p['train']['runs']['waldorf-soft']['optim']['lr']))\"")
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(
-        {"stages": {"slow": {"cmd": cmd, "params": [SLOW_LR], "outs": ["lr.txt"]}}}))
+        {"stages": {"slow": {"cmd": cmd, "params": [WALDORF_LR], "outs": ["lr.txt"]}}}))
     sh(tmp_path, "git", "init", "-q")
     sh(tmp_path, DVC, "init", "-q")
     sh(tmp_path, DVC, "config", "core.analytics", "false")
     sh(tmp_path, "git", "add", "-A")
     sh(tmp_path, "git", "commit", "-qm", "init")
-    sh(tmp_path, DVC, "exp", "run", "-q", "-S", f"{SLOW_LR}=0.002")
+    sh(tmp_path, DVC, "exp", "run", "-q", "-S", f"{WALDORF_LR}=0.002")
     assert (tmp_path / "lr.txt").read_text() == "0.002"
     before = yaml.safe_load(text)
     after = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    assert after["train"]["runs"]["waldorf-slow"]["optim"]["lr"] == 0.002
-    after["train"]["runs"]["waldorf-slow"]["optim"]["lr"] = before["train"]["runs"]["waldorf-slow"]["optim"]["lr"]
+    assert after["train"]["runs"]["waldorf-soft"]["optim"]["lr"] == 0.002
+    after["train"]["runs"]["waldorf-soft"]["optim"]["lr"] = before["train"]["runs"]["waldorf-soft"]["optim"]["lr"]
     assert after == before  # every other value (the other WaLDORf rows' lr included) untouched
 
 
@@ -98,7 +98,7 @@ def stub_pipeline(real: dict) -> dict:
 def test_exp_run_set_reruns_exactly_that_run_its_evaluation_and_the_report(tmp_path):
     """The whole real graph (dvc.yaml, params.yaml, the source the fingerprint stage reads) with stand-in commands:
     after a full repro, `dvc exp run -S` on one WaLDORf run's lr runs that run's train, evaluate and speed stages
-    (waldorf-slow is the WaLDORf run speed.runs times) and the report, nothing else; so does switching the run to its
+    (waldorf-soft is the WaLDORf run speed.runs times) and the report, nothing else; so does switching the run to its
     live teacher and back, its dvc.lock deps following the switch."""
     repo = working_tree_repo(tmp_path / "repo")
     (repo / "stub.py").write_text(STUB)
@@ -107,15 +107,15 @@ def test_exp_run_set_reruns_exactly_that_run_its_evaluation_and_the_report(tmp_p
     sh(repo, DVC, "repro", "-q", repo=repo)
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "pipeline")
-    res = sh(repo, DVC, "exp", "run", "-S", f"{SLOW_LR}=0.002", repo=repo)
+    res = sh(repo, DVC, "exp", "run", "-S", f"{WALDORF_LR}=0.002", repo=repo)
     ran = set(re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr))
-    assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "speed@waldorf-slow", "report"}, ran
+    assert ran == {"train@waldorf-soft", "evaluate@waldorf-soft", "speed@waldorf-soft", "report"}, ran
     # the run switched to its live teacher (docs/students.md): the same stages, now on the teacher folder, not the
     # store; and back to the cache, the same again
     for teacher in ("models/teacher/wiki_qa", "data/teacher/wiki_qa.zarr"):
-        res = sh(repo, DVC, "exp", "run", "-S", f"train.runs.waldorf-slow.teacher={teacher}", repo=repo)
+        res = sh(repo, DVC, "exp", "run", "-S", f"train.runs.waldorf-soft.teacher={teacher}", repo=repo)
         ran = set(re.findall(r"Running stage '([^']+)'", res.stdout + res.stderr))
-        assert ran == {"train@waldorf-slow", "evaluate@waldorf-slow", "speed@waldorf-slow", "report"}, (teacher, ran)
-        stage = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train@waldorf-slow"]
+        assert ran == {"train@waldorf-soft", "evaluate@waldorf-soft", "speed@waldorf-soft", "report"}, (teacher, ran)
+        stage = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train@waldorf-soft"]
         deps = {d["path"] for d in stage["deps"]}
         assert teacher in deps and not {"models/teacher/wiki_qa", "data/teacher/wiki_qa.zarr"} - {teacher} & deps

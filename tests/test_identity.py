@@ -304,10 +304,10 @@ def test_a_checkpoint_identity_holds_its_own_architecture():
 
     cfg = load_section(ROOT / "params.yaml", "train", TrainConfig)
     codes = {}
-    for name in ("hybrid", "waldorf-slow"):
+    for name in ("hybrid", "waldorf-soft"):
         run = cfg.runs[name]
         ident = run_identity(run=run, model_cfg=run.model, loader_cfg=cfg.loader, tokens_meta={"fingerprint": "t"},
                              sources={}, init_dir=None, augment=None, device=torch.device("cpu"), processes=1)
         assert ident["code"] == code_identity(stage_code(*CODE_STAGES, student=run.model.student)), name
         codes[name] = ident["code"]
-    assert codes["hybrid"] != codes["waldorf-slow"]
+    assert codes["hybrid"] != codes["waldorf-soft"]

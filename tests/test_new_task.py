@@ -256,8 +256,8 @@ def test_copied_runs_get_their_papers_schedules():
     assert pairs["hybrid-new"]["lr"] == params["finetune"]["runs"]["hybrid-wiki_pairs"]["optim"]["lr"]  # grid-searched
     assert (pairs["minialbert-new"]["epochs"], pairs["minialbert-new"]["lr"]) == (10, 5e-5)
     qa = optims("wiki_qa", {"format": "squad", "path": "p", "files": {"train": "t"}, "carve": None})
-    assert params["train"]["runs"]["waldorf-slow"]["optim"]["max_steps"] is not None  # the embedded cap...
-    assert {k: qa["waldorf-slow-new"][k] for k in ("epochs", "lr", "batch_size", "max_steps")} == {
+    assert params["train"]["runs"]["waldorf-soft"]["optim"]["max_steps"] is not None  # the embedded cap...
+    assert {k: qa["waldorf-soft-new"][k] for k in ("epochs", "lr", "batch_size", "max_steps")} == {
         "epochs": 35, "lr": 2e-4, "batch_size": 24, "max_steps": None}  # ...gone: WaLDORf's Table 5
     teacher = next(v for w, k, v in plan_task(params, "new", "wiki_qa", {"format": "squad", "path": "p",
                                                                            "files": {"train": "t"}, "carve": None})

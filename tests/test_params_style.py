@@ -41,8 +41,8 @@ def test_params_yaml_is_a_fixed_point_of_dvcs_writer(params):
 
 
 @pytest.mark.parametrize(("key", "value", "line"), [
-    ("train.runs.waldorf-slow.optim.lr", "0.002", "        lr: 0.002"),                # a float written 1.0e-3
-    ("train.runs.waldorf-slow.optim.patience", "3", "        patience: 3"),            # a null (written empty)
+    ("train.runs.waldorf-soft.optim.lr", "0.002", "        lr: 0.002"),                # a float written 1.0e-3
+    ("train.runs.waldorf-soft.optim.patience", "3", "        patience: 3"),            # a null (written empty)
     ("teacher_cache.datasets.wiki_qa.signals.pool", "2", "        pool: 2"),           # in a former flow map
     ("train.loader.streams", "2", "  loader: {block_rows: 64, buffer_blocks: 16, streams: 2}"),  # in a flow map
     ("tokenize.datasets.wiki.max_seq_len", "64", "      max_seq_len: 64             # null: the global max_seq_len "

@@ -19,7 +19,7 @@ from distillpipe.data.sources import PrepareError, build_source
 from distillpipe.data.sources.base import Skips
 from distillpipe.data.sources.embedded import POLARITY_FILE, gensim_test_file
 from distillpipe.data.sources.wiki import WIKI_FILE, _filtered_pages, article_split, clean_paragraphs, wiki_articles
-from distillpipe.data.sources.wiki_qa import make_cloze
+from distillpipe.data.sources.wiki_qa import crop, make_cloze, sentences
 
 
 def articles(dev=0.15, test=0.15, seed=0):
@@ -39,9 +39,9 @@ def pairs_cfg(per_article=5, seed=0):
                                                pairs_per_article=per_article, seed=seed), "prepare.datasets.wiki_pairs")
 
 
-def qa_cfg(unanswerable=0.33, per_paragraph=1, seed=0):
+def qa_cfg(unanswerable=0.33, per_paragraph=1, seed=0, max_context_chars=None):
     return build(EmbeddedWikiQAConfig, dict(source="embedded", asset="wiki_qa", min_paragraph_chars=200,
-                                            questions_per_paragraph=per_paragraph,
+                                            questions_per_paragraph=per_paragraph, max_context_chars=max_context_chars,
                                             unanswerable_fraction=unanswerable, seed=seed), "prepare.datasets.wiki_qa")
 
 
@@ -297,3 +297,44 @@ def test_wiki_qa_deterministic_and_questions_per_paragraph():
     n1 = sum(len(ds) for ds in one.splits.values())
     n2 = sum(len(ds) for ds in a.splits.values())
     assert n1 < n2 <= 2 * n1
+
+
+def test_crop_is_the_largest_run_of_whole_sentences_around_the_char_within_the_limit():
+    paragraph = ("Alpha is the first letter. Beta comes second in the list. Gamma is third. Delta, the fourth, is a "
+                 "triangle. Epsilon is fifth and last of these.")
+    spans = [(o, o + len(t)) for o, t in sentences(paragraph)]
+    assert len(spans) == 5
+    for limit in (10, 60, 90, 120, 1000):
+        for at in (0, spans[2][0] + 3, len(paragraph) - 2):
+            for seed in range(5):
+                offset, text = crop(paragraph, at, limit, random.Random(seed))
+                assert paragraph[offset : offset + len(text)] == text and offset <= at < offset + len(text)
+                covered = [i for i, (o, e) in enumerate(spans) if offset <= o and e <= offset + len(text)]
+                assert (spans[covered[0]][0], spans[covered[-1]][1]) == (offset, offset + len(text))  # whole sentences
+                assert len(text) <= limit or len(covered) == 1  # a too-long sentence is kept whole, alone
+                lo, hi = covered[0], covered[-1]
+                # maximal: neither neighbour fits any more
+                assert lo == 0 or spans[hi][1] - spans[lo - 1][0] > limit
+                assert hi == len(spans) - 1 or spans[hi + 1][1] - spans[lo][0] > limit
+    assert crop(paragraph, 5, None, random.Random(0)) == (0, paragraph)
+
+
+def test_wiki_qa_cropped_contexts_keep_answers_and_sources():
+    limit = 300
+    prepared = build_source("wiki_qa", qa_cfg(max_context_chars=limit), ARTICLES)
+    whole = build_source("wiki_qa", qa_cfg(), ARTICLES)
+    for split, ds in prepared.splits.items():
+        assert len(ds) == len(whole.splits[split])  # the same questions, only their contexts cut
+        paragraphs = set(whole.splits[split]["context"])
+        n_unanswerable = 0
+        for row in ds:
+            context, answers = row["context"], row["answers"]
+            assert len(context) <= limit or len(sentences(context)) == 1
+            if answers["text"]:
+                start, text = answers["answer_start"][0], answers["text"][0]
+                assert context[start : start + len(text)] == text
+                # the context is a piece of the very paragraph the uncropped question is asked on
+                assert any(context in p for p in paragraphs)
+            else:
+                n_unanswerable += 1
+        assert abs(n_unanswerable / len(ds) - 0.33) <= 1 / len(ds)

@@ -118,12 +118,18 @@ class EmbeddedWikiQAConfig:
     asset: Literal["wiki_qa"]
     min_paragraph_chars: int
     questions_per_paragraph: int
+    max_context_chars: int | None
+    """Crop each context to whole sentences around the question's, at most this many characters (a longer
+    question sentence is kept whole); null: the whole paragraph. Sized so a question and its context fit one
+    tokenizer window (``data/sources/wiki_qa.py`` says why)."""
     unanswerable_fraction: float
     """Fraction of questions made unanswerable by pairing them with a paragraph of another article."""
     seed: int
     """Seeds the choice of questions and of unanswerable pairings (not the article split)."""
 
     def __post_init__(self) -> None:
+        if self.max_context_chars is not None and self.max_context_chars <= 0:
+            raise ConfigError(f"max_context_chars={self.max_context_chars} must be positive (null: whole paragraphs)")
         if not 0 <= self.unanswerable_fraction < 1:
             raise ConfigError(f"unanswerable_fraction={self.unanswerable_fraction} must be in [0, 1)")
 

@@ -6,6 +6,13 @@ order of preference, a capitalised multi-word name (Who / What), a year (When), 
 (How many), or else a noun-like word of >= 4 letters after a determiner (What). A seeded fraction of questions is
 made unanswerable by pairing it with a paragraph of another article of the same split. Articles
 are split first, so no article is in two splits.
+
+``max_context_chars`` crops each context to whole sentences around the question's sentence (an unanswerable
+question's: around a random sentence of the other paragraph), so that a question and its context fit one
+window of the tokenizer's ``max_seq_len``. SQuAD's paragraphs (~140 word pieces) fit BERT's 384-token window; the
+Wikipedia sample's paragraphs do not fit the embedded 128, and a paragraph cut into overlapping windows makes
+most windows of an answerable question "no answer here" (58% of the training windows at 128 tokens), a signal
+that a small reader from scratch cannot tell from "unanswerable" without first learning to find the sentence.
 """
 
 from __future__ import annotations
@@ -109,6 +116,26 @@ def make_cloze(paragraph: str, n: int, rng: random.Random) -> list[Cloze]:
     return out
 
 
+def crop(paragraph: str, at: int, max_chars: int | None, rng: random.Random) -> tuple[int, str]:
+    """(char offset, text): the sentence of ``paragraph`` that holds char ``at``, grown a whole sentence at a
+    time, on a side drawn from ``rng`` among those that keep it within ``max_chars`` (None: the whole
+    paragraph). The sentence itself is kept even when it is longer."""
+    if max_chars is None:
+        return 0, paragraph
+    spans = [(o, o + len(s)) for o, s in sentences(paragraph)]
+    lo = hi = next((i for i, (o, e) in enumerate(spans) if o <= at < e), len(spans) - 1)
+    while True:
+        sides = [side for side, ok in (("before", lo > 0 and spans[hi][1] - spans[lo - 1][0] <= max_chars),
+                                       ("after", hi + 1 < len(spans) and spans[hi + 1][1] - spans[lo][0] <= max_chars))
+                 if ok]
+        if not sides:
+            return spans[lo][0], paragraph[spans[lo][0] : spans[hi][1]]
+        if rng.choice(sides) == "before":
+            lo -= 1
+        else:
+            hi += 1
+
+
 def _rows_for_split(split: str, articles: list[Article], cfg: EmbeddedWikiQAConfig, rng: random.Random,
                     skips: Skips) -> list[dict]:
     if len(articles) < 2 and cfg.unanswerable_fraction > 0:
@@ -130,13 +157,16 @@ def _rows_for_split(split: str, articles: list[Article], cfg: EmbeddedWikiQAConf
     unanswerable = set(rng.sample(range(len(questions)), n_unanswerable))
     rows = []
     for i, (a, p, q, cloze) in enumerate(questions):
-        title, context = articles[a].title, articles[a].paragraphs[p]
-        answers = {"text": [cloze.answer], "answer_start": [cloze.answer_start]}
+        title = articles[a].title
+        offset, context = crop(articles[a].paragraphs[p], cloze.answer_start, cfg.max_context_chars, rng)
+        answers = {"text": [cloze.answer], "answer_start": [cloze.answer_start - offset]}
         if i in unanswerable:
             # Prefer a paragraph that does not contain the answer text, so it reads as unanswerable.
             for _ in range(20):
                 other = articles[rng.choice([j for j in range(len(articles)) if j != a])]
-                context = rng.choice(other.paragraphs)
+                paragraph = rng.choice(other.paragraphs)
+                at = rng.choice(sentences(paragraph))[0] if cfg.max_context_chars is not None else 0
+                context = crop(paragraph, at, cfg.max_context_chars, rng)[1]
                 if cloze.answer not in context:
                     break
             title, answers = other.title, {"text": [], "answer_start": []}
