@@ -3,6 +3,7 @@ values (``distillpipe embedded-results``; a change to params.yaml's values canno
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -53,3 +54,37 @@ def test_no_report_says_what_to_run(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text("a: 1\n")
     res = CliRunner().invoke(app, ["embedded-results"])
     assert res.exit_code == 2 and "make repro" in res.output
+
+
+def test_commit_is_clean_when_only_the_page_itself_changed(tmp_path, monkeypatch):
+    """The page and its plot, which the command rewrites, do not make the commit "uncommitted"; any other tracked
+    file does (the header names the code the report came from)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "results.md").write_text("# Results\n\n![plot](results.png)\n")
+    (tmp_path / "reports" / "results.png").write_bytes(b"png 1")
+    (tmp_path / "params.yaml").write_text("a: 1\n")
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def header_commit():
+        res = CliRunner().invoke(app, ["embedded-results"])
+        assert res.exit_code == 0, res.output
+        line = next(x for x in (tmp_path / "docs" / "embedded-results.md").read_text().splitlines()
+                    if x.startswith("- commit: "))
+        return line.removeprefix("- commit: ")
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("reports/\n")  # a DVC output, as in the project
+    header_commit()
+    git("add", "-A")
+    git("commit", "-qm", "page")
+    head = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "reports" / "results.png").write_bytes(b"png 2")  # a new run: the page and plot get rewritten
+    (tmp_path / "reports" / "results.md").write_text("# Results, again\n\n![plot](results.png)\n")
+    assert header_commit() == head
+    assert git("status", "--porcelain", "--untracked-files=no")  # the page and plot did change
+    (tmp_path / "params.yaml").write_text("a: 2\n")
+    assert header_commit() == f"{head} with uncommitted changes"

@@ -60,11 +60,14 @@ def machine() -> str:
     return f"{model}, {cores} cores{memory}, {platform.system()} {platform.release()}"
 
 
-def _commit() -> str:
+def _commit(page: Path) -> str:
+    """HEAD's short hash, "with uncommitted changes" when a tracked file differs from it; the page and its plot
+    (``<page stem>.*``, which this command itself rewrites) do not count."""
+    own = f":(exclude,glob){(page.parent / page.stem).as_posix()}.*"
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", own],
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return rev.stdout.strip() + (" with uncommitted changes" if dirty else "")
@@ -83,6 +86,7 @@ def embedded_results(
     if not report.is_file():
         raise FileNotFoundError(f"{report} not found: run `make repro` first (its report stage writes it)")
     text = report.read_text(encoding="utf-8")
+    commit = _commit(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     for link in links:
@@ -104,7 +108,7 @@ def embedded_results(
         "",
         f"- date: {today} (UTC)",
         f"- machine: {machine()}",
-        f"- commit: {_commit()}",
+        f"- commit: {commit}",
         *([f"- `make repro`: {repro_time}, setup included"] if repro_time else []),
         f"- params.yaml digest: `{params_digest(params)}`",
         "",
